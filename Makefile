@@ -1,0 +1,30 @@
+# The workbook's two commands:  `make lab` (open it) and `make test` (run every test).
+# Both create the virtual environment in .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: lab test env clean-notebooks
+
+env: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
+	touch $(STAMP)
+
+## Open the workbook in JupyterLab on 127.0.0.1 (works as root too).
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --allow-root --notebook-dir=notebooks
+
+## Run every test: unit tests, then every notebook under nbval in smoke mode.
+test: $(STAMP)
+	LABKIT_SMOKE=1 $(BIN)/python -m pytest
+
+## Strip outputs from every notebook (before committing).
+clean-notebooks: $(STAMP)
+	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb

@@ -1,0 +1,72 @@
+"""A contiguous KV cache for a static batch: one (B, n_kv_heads, max_len, head_dim) tensor per layer.
+
+Every row reserves room for its longest possible sequence up front, prompts are left-padded so
+all rows write their next token at the same column, and a boolean mask hides the padding. Simple
+and fast for one batch; wasteful in memory (notebook 06 measures how wasteful). Introduced in
+notebook 03 (``03_kv_cache``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.model.attention import sdpa
+from labkit.model.config import ModelConfig
+
+
+def write_kv(cache: torch.Tensor, new: torch.Tensor, start: int) -> torch.Tensor:
+    """Write this step's K (or V) into columns [start, start + T) and return every column so far.
+
+    cache: (B, n_kv_heads, max_len, head_dim); new: (B, T, n_kv_heads, head_dim)
+    returns (B, start + T, n_kv_heads, head_dim), a view of the cache. Task 1 of notebook 03 mirrors it.
+    """
+    end = start + new.shape[1]
+    cache[:, :, start:end] = new.transpose(1, 2)
+    return cache[:, :, :end].transpose(1, 2)
+
+
+class ContiguousKVCache:
+    """Per-layer K/V tensors plus the padding mask; an ``AttentionBackend`` for prefill and decode. Notebook 03.
+
+    ``write`` is the cache update; notebook 03's Task 1 swaps in the learner's version via a subclass.
+    """
+
+    write = staticmethod(write_kv)
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        shape = (batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.max_len = max_len
+        self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # real (non-pad) columns
+        self.length = 0  # columns written so far (the same for every row: prompts are left-padded)
+        self._mask: torch.Tensor | None = None  # (B, 1, T, length + T) for the step being run
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def begin_step(self, token_valid: torch.Tensor) -> None:
+        """Declare this step's T new columns; token_valid: (B, T), False for left padding."""
+        b, t = token_valid.shape
+        start, end = self.length, self.length + t
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache full: {end} columns needed, {self.max_len} reserved")
+        self.valid[:, start:end] = token_valid
+        keys = self.valid[:, None, None, :end]  # (B, 1, 1, S): which keys exist
+        q_pos = torch.arange(start, end, device=keys.device)[:, None]  # (T, 1)
+        k_pos = torch.arange(end, device=keys.device)[None, :]  # (1, S)
+        causal = k_pos <= q_pos  # (T, S)
+        # A padding query may only see itself, so its softmax row is never empty (its output is ignored).
+        self._mask = (keys & causal) | (k_pos == q_pos)  # (B, 1, T, S)
+
+    def end_step(self, num_new: int) -> None:
+        self.length += num_new
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (B, T, n_heads, d); k, v: (B, T, n_kv_heads, d)
+        assert self._mask is not None, "begin_step must be called before the forward pass"
+        keys = self.write(self.k[layer_idx], k, self.length)  # (B, S, n_kv_heads, d): cached + new
+        values = self.write(self.v[layer_idx], v, self.length)
+        return sdpa(q, keys, values, mask=self._mask, is_causal=False)

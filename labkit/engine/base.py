@@ -1,0 +1,95 @@
+"""What every engine shares: its config, per-step statistics and the add/step/abort interface.
+
+``LLM`` drives any engine the same way (vLLM's shape): ``add_request`` queues a ``Sequence``,
+``step`` runs one forward pass and returns the sequences that got a token. Introduced in
+notebook 01 (``01_anatomy_of_a_request``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from labkit.device import synchronize
+from labkit.model import CausalLM
+from labkit.sequence import Sequence
+
+
+@dataclass
+class EngineConfig:
+    """Options every engine accepts (vLLM's names). Engines subclass it to add their own."""
+
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+
+@dataclass
+class StepStats:
+    """What one engine step did and where its time went. Notebook 01; plotted again in 05, 07 and 10."""
+
+    step: int
+    start: float
+    end: float
+    num_seqs: int
+    num_computed_tokens: int  # token positions run through the model (including recomputed ones)
+    num_new_tokens: int  # tokens sampled: the useful output of the step
+    stage_times: dict[str, float] = field(default_factory=dict)
+    num_padding_tokens: int = 0  # positions computed only to square up a padded batch
+    num_idle_slots: int = 0  # batch rows already finished but still computed
+    is_prefill: bool = True  # whether any prompt tokens were processed this step
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class StageClock:
+    """Times consecutive stages of a step, synchronising the device at each boundary."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.times: dict[str, float] = {}
+        self.start = self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> float:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.times[stage] = self.times.get(stage, 0.0) + now - self._last
+        self._last = now
+        return now
+
+
+class Engine(ABC):
+    """Base class of every engine in ``ENGINES``."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[EngineConfig]] = EngineConfig
+
+    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
+        self.model = model
+        self.config = config
+        self.device = model.device
+        self.step_stats: list[StepStats] = []
+
+    @abstractmethod
+    def add_request(self, seq: Sequence) -> None: ...
+
+    @abstractmethod
+    def step(self) -> list[Sequence]:
+        """Run one iteration; return every sequence that received a token (finished ones included)."""
+
+    @abstractmethod
+    def has_unfinished_requests(self) -> bool: ...
+
+    @abstractmethod
+    def abort_request(self, seq_id: int) -> Sequence | None:
+        """Drop a request wherever it is; returns it (finished, reason "abort") if it was there."""
+
+    def abort_all(self) -> list[Sequence]:
+        return [s for s in (self.abort_request(i) for i in self.unfinished_seq_ids()) if s is not None]
+
+    @abstractmethod
+    def unfinished_seq_ids(self) -> list[int]: ...

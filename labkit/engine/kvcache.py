@@ -1,0 +1,149 @@
+"""Engine ``kvcache``: prefill once, then decode one token per step from a contiguous KV cache.
+
+Requests run in *static* batches of up to ``max_num_seqs``: prompts are left-padded to the longest,
+the batch's first step prefills every prompt in one forward pass, and each later step decodes one
+token for every row. A batch runs until its slowest request finishes; finished rows keep their
+slot and are still computed (their tokens are thrown away). That waste is the lesson of notebook 05.
+Introduced in notebook 03 (``03_kv_cache``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from labkit.cache.contiguous import ContiguousKVCache
+from labkit.engine.base import Engine, EngineConfig, StageClock, StepStats
+from labkit.sampler import sample
+from labkit.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class KVCacheConfig(EngineConfig):
+    """Options of the ``kvcache`` engine (vLLM's names)."""
+
+    max_num_seqs: int = 16  # rows in a static batch
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_num_seqs, bool) or not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
+
+
+@dataclass
+class StaticBatch:
+    """The rows of one static batch and their cache."""
+
+    seqs: list[Sequence]
+    cache: ContiguousKVCache
+    prefilled: bool = False
+
+
+class KVCacheEngine(Engine):
+    """Static batching over a contiguous KV cache. Notebooks 03 and 05."""
+
+    name = "kvcache"
+    config_class = KVCacheConfig
+    config: KVCacheConfig
+    cache_class: type[ContiguousKVCache] = ContiguousKVCache  # swap in a learner's cache (notebook 03)
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.waiting: deque[Sequence] = deque()
+        self.batch: StaticBatch | None = None
+
+    def add_request(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.batch is not None or bool(self.waiting)
+
+    def unfinished_seq_ids(self) -> list[int]:
+        running = [s.seq_id for s in self.batch.seqs if not s.is_finished] if self.batch else []
+        return running + [s.seq_id for s in self.waiting]
+
+    def abort_request(self, seq_id: int) -> Sequence | None:
+        now = time.perf_counter()
+        for seq in self.waiting:
+            if seq.seq_id == seq_id:
+                self.waiting.remove(seq)
+                seq.abort(now)
+                return seq
+        if self.batch is not None:
+            for seq in self.batch.seqs:
+                if seq.seq_id == seq_id and not seq.is_finished:
+                    seq.abort(now)  # its row stays in the batch, idle, like any finished row
+                    if all(s.is_finished for s in self.batch.seqs):
+                        self.batch = None
+                    return seq
+        return None
+
+    def _reserved_len(self, seq: Sequence, prompt_cols: int) -> int:
+        """Columns a row may need: the padded prompt plus its whole output budget."""
+        budget = seq.params.max_tokens if seq.params.max_tokens is not None else seq.max_model_len - seq.num_prompt_tokens
+        return prompt_cols + budget
+
+    def _start_batch(self, now: float) -> StaticBatch:
+        seqs = [self.waiting.popleft() for _ in range(min(self.config.max_num_seqs, len(self.waiting)))]
+        prompt_cols = max(s.num_prompt_tokens for s in seqs)
+        max_len = max(self._reserved_len(s, prompt_cols) for s in seqs)
+        cache = self.cache_class(self.model.config, len(seqs), max_len, self.device, self.model.dtype)
+        for s in seqs:
+            s.status = SequenceStatus.RUNNING
+            s.metrics.first_scheduled_time = now
+        return StaticBatch(seqs, cache)
+
+    def _prefill_inputs(self, batch: StaticBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cols = max(s.num_prompt_tokens for s in batch.seqs)
+        ids = torch.zeros(len(batch.seqs), cols, dtype=torch.long)
+        valid = torch.zeros(len(batch.seqs), cols, dtype=torch.bool)
+        for i, s in enumerate(batch.seqs):  # left padding: the last prompt token of every row is column cols-1
+            ids[i, cols - s.num_prompt_tokens :] = torch.tensor(s.prompt_token_ids)
+            valid[i, cols - s.num_prompt_tokens :] = True
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0, 1, 2... from each row's first real token
+        return ids.to(self.device), positions.to(self.device), valid.to(self.device)
+
+    def _decode_inputs(self, batch: StaticBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # Finished rows still feed their last token: the slot is computed whether or not anyone wants it.
+        ids = torch.tensor([[s.token_ids[-1]] for s in batch.seqs], dtype=torch.long)  # (B, 1)
+        positions = torch.tensor([[s.num_tokens - 1] for s in batch.seqs], dtype=torch.long)  # (B, 1)
+        valid = torch.ones(len(batch.seqs), 1, dtype=torch.bool)
+        return ids.to(self.device), positions.to(self.device), valid.to(self.device)
+
+    @torch.inference_mode()
+    def step(self) -> list[Sequence]:
+        clock = StageClock(self.device)
+        if self.batch is None:
+            if not self.waiting:
+                return []
+            self.batch = self._start_batch(clock.start)
+        batch = self.batch
+        is_prefill = not batch.prefilled
+        ids, positions, valid = self._prefill_inputs(batch) if is_prefill else self._decode_inputs(batch)
+        batch.cache.begin_step(valid)
+        clock.lap("prepare")
+        hidden = self.model(ids, positions, batch.cache)  # (B, T, hidden)
+        batch.cache.end_step(ids.shape[1])
+        batch.prefilled = True
+        logits = self.model.compute_logits(hidden[:, -1])  # (B, vocab): the last column is every row's newest token
+        clock.lap("forward")
+        active = [s for s in batch.seqs if not s.is_finished]
+        rows = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
+        tokens = sample(logits[rows], [s.params for s in active], [s.generator for s in active])
+        now = clock.lap("sample")
+        for seq, token in zip(active, tokens):
+            seq.append_token(token, now)
+        num_pad = int((~valid).sum())
+        idle = len(batch.seqs) - len(active)
+        if all(s.is_finished for s in batch.seqs):
+            self.batch = None
+        end = clock.lap("detokenize")
+        self.step_stats.append(StepStats(
+            step=len(self.step_stats), start=clock.start, end=end, num_seqs=len(batch.seqs),
+            num_computed_tokens=ids.numel(), num_new_tokens=len(active), stage_times=clock.times,
+            num_padding_tokens=num_pad, num_idle_slots=idle, is_prefill=is_prefill,
+        ))
+        return active

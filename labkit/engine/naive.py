@@ -1,0 +1,85 @@
+"""Engine ``naive``: no KV cache, one request at a time, the whole sequence recomputed per token.
+
+It is the baseline every later engine improves on: its step cost grows with the sequence length,
+so generating n tokens costs O(n^2) token-positions of compute. Introduced in notebook 01
+(``01_anatomy_of_a_request``) and dissected in notebook 02 (``02_naive_generation``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from labkit.engine.base import Engine, StageClock, StepStats
+from labkit.sampler import sample
+from labkit.sequence import Sequence, SequenceStatus
+
+
+class NaiveEngine(Engine):
+    """Recompute-everything generation, FCFS, batch size 1. Notebooks 01-02."""
+
+    name = "naive"
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.waiting: deque[Sequence] = deque()
+        self.running: Sequence | None = None
+
+    def add_request(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.running is not None or bool(self.waiting)
+
+    def unfinished_seq_ids(self) -> list[int]:
+        ids = [s.seq_id for s in self.waiting]
+        return ([self.running.seq_id] if self.running is not None else []) + ids
+
+    def abort_request(self, seq_id: int) -> Sequence | None:
+        now = time.perf_counter()
+        if self.running is not None and self.running.seq_id == seq_id:
+            seq, self.running = self.running, None
+            seq.abort(now)
+            return seq
+        for seq in self.waiting:
+            if seq.seq_id == seq_id:
+                self.waiting.remove(seq)
+                seq.abort(now)
+                return seq
+        return None
+
+    @torch.inference_mode()
+    def step(self) -> list[Sequence]:
+        clock = StageClock(self.device)
+        if self.running is None:
+            if not self.waiting:
+                return []
+            self.running = self.waiting.popleft()
+            self.running.status = SequenceStatus.RUNNING
+            self.running.metrics.first_scheduled_time = clock.start
+        seq = self.running
+        is_prefill = seq.num_output_tokens == 0
+        # The whole sequence, every time: this is what the KV cache will remove.
+        ids = torch.tensor([seq.token_ids], dtype=torch.long, device=self.device)  # (1, T)
+        positions = torch.arange(ids.shape[1], device=self.device)[None]  # (1, T)
+        clock.lap("prepare")
+        hidden = self.model(ids, positions)  # (1, T, hidden)
+        logits = self.model.compute_logits(hidden[:, -1])  # (1, vocab): only the last position is needed
+        clock.lap("forward")
+        token = sample(logits, [seq.params], [seq.generator])[0]
+        now = clock.lap("sample")
+        seq.append_token(token, now)
+        if seq.is_finished:
+            self.running = None
+        end = clock.lap("detokenize")
+        self.step_stats.append(
+            StepStats(
+                step=len(self.step_stats), start=clock.start, end=end, num_seqs=1,
+                num_computed_tokens=ids.shape[1], num_new_tokens=1, stage_times=clock.times,
+                is_prefill=is_prefill,
+            )
+        )
+        return [seq]

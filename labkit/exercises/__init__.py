@@ -1,0 +1,91 @@
+"""The exercise mechanism: a checker per task, shared by the notebooks' check cells and by tests/.
+
+A notebook's "Task N" names the labkit symbol it mirrors and gives a stub that raises
+``NotImplementedError``. Its check cell calls the task's checker, which
+
+* runs the same assertions the test suite runs (tests/ call these very checkers on the reference
+  and on a planted bug), and prints a clear pass/fail with a hint;
+* returns the function the rest of the notebook should use: the learner's when it passes, otherwise
+  labkit's reference, with a visible note, so the notebook still runs top to bottom.
+
+Introduced in notebook 00 (``00_setup_and_hardware``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class CheckResult:
+    """Outcome of checking one task. ``status`` is "passed", "failed" or "not started"."""
+
+    task: str
+    status: str
+    failures: list[str] = field(default_factory=list)
+    hint: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def message(self) -> str:
+        if self.passed:
+            return f"✅ {self.task}: all checks passed."
+        if self.status == "not started":
+            return f"⏭️  {self.task}: not implemented yet (the stub raises NotImplementedError)."
+        lines = [f"❌ {self.task}: {len(self.failures)} check(s) failed."]
+        lines += [f"   - {f}" for f in self.failures[:5]]
+        if self.hint:
+            lines.append(f"   Hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class Check:
+    """Collects failed assertions for one task instead of stopping at the first one."""
+
+    def __init__(self, task: str, hint: str = "") -> None:
+        self.result = CheckResult(task=task, status="passed", hint=hint)
+
+    def expect(self, condition: bool, failure: str) -> None:
+        if not condition:
+            self.result.status = "failed"
+            self.result.failures.append(failure)
+
+    def close(self, exc: BaseException | None = None) -> CheckResult:
+        if isinstance(exc, NotImplementedError):
+            self.result.status = "not started"
+        elif exc is not None:
+            self.result.status = "failed"
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f" (line {tb[-1].lineno})" if tb else ""
+            self.result.failures.append(f"raised {type(exc).__name__}: {exc}{where}")
+        return self.result
+
+
+def run_checker(task: str, hint: str, body: Callable[[Check], None]) -> CheckResult:
+    """Run ``body`` (which calls ``check.expect``) and turn any exception into a result."""
+    check = Check(task, hint)
+    try:
+        body(check)
+    except Exception as exc:  # the learner's code may raise anything; report it, do not crash the notebook
+        return check.close(exc)
+    return check.close()
+
+
+def use_or_reference(result: CheckResult, candidate: F, reference: F, verbose: bool = True) -> F:
+    """The learner's function if it passed, else labkit's reference (saying so)."""
+    if verbose:
+        print(result.message())
+    if result.passed:
+        return candidate
+    if verbose:
+        name = getattr(reference, "__qualname__", repr(reference))
+        module = getattr(reference, "__module__", "labkit")
+        print(f"   → The rest of this notebook uses labkit's reference {module}.{name} until this task passes.")
+    return reference

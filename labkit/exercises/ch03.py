@@ -1,0 +1,60 @@
+"""Checkers for notebook 03 (``03_kv_cache``).
+
+Task 1 mirrors ``labkit.cache.contiguous.write_kv``: the cache update. Checked directly on tensors,
+then end to end: the ``kvcache`` engine with the learner's update must produce the same greedy tokens
+as the ``naive`` engine, which recomputes everything and needs no cache at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from labkit.cache.contiguous import ContiguousKVCache
+from labkit.exercises import Check, CheckResult, run_checker
+
+WriteKV = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+PROMPTS = ["Once upon a time, there was a little fox named Lily.", "The dog ran to the park.", "One day"]
+
+
+def cache_with(fn: WriteKV) -> type[ContiguousKVCache]:
+    """A ContiguousKVCache whose update is ``fn``: plug it in with ``llm.engine.cache_class = ...``."""
+    return type("LearnerKVCache", (ContiguousKVCache,), {"write": staticmethod(fn)})
+
+
+def check_write_kv(fn: WriteKV, model: str = "labkit-tiny", max_tokens: int = 12) -> CheckResult:
+    """Task 1: ``fn(cache, new, start)`` writes new K/V at columns [start, start+T) and returns all so far."""
+    from labkit import LLM, SamplingParams  # late import: labkit.llm imports the engines
+
+    def body(check: Check) -> None:
+        cache = torch.zeros(2, 3, 10, 4)  # (B, n_kv_heads, max_len, head_dim)
+        first = torch.randn(2, 5, 3, 4)  # (B, T, n_kv_heads, head_dim): a 5-token prefill
+        out = fn(cache, first, 0)
+        check.expect(tuple(out.shape) == (2, 5, 3, 4), f"after a 5-token prefill: shape {tuple(out.shape)}, "
+                     "expected (2, 5, 3, 4) = (B, tokens so far, n_kv_heads, head_dim)")
+        check.expect(torch.equal(out, first), "after prefill the returned keys must equal the new ones")
+        step = torch.randn(2, 1, 3, 4)  # one decode token
+        out = fn(cache, step, 5)
+        check.expect(tuple(out.shape) == (2, 6, 3, 4), f"after one decode step: shape {tuple(out.shape)}, "
+                     "expected (2, 6, 3, 4)")
+        check.expect(torch.equal(out[:, :5], first) and torch.equal(out[:, 5:], step),
+                     "the decode step must return the cached prefill followed by the new token")
+        check.expect(torch.equal(cache[:, :, 5], step[:, 0]) and bool((cache[:, :, 6:] == 0).all()),
+                     "the cache tensor itself must hold the new token at column 5, and nothing beyond it")
+        if not check.result.failures:
+            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            naive = LLM(model, engine="naive", device="cpu")
+            cached = LLM(model, engine="kvcache", device="cpu", max_num_seqs=len(PROMPTS))
+            cached.engine.cache_class = cache_with(fn)
+            want = [o.outputs[0].token_ids for o in naive.generate(PROMPTS, params, use_tqdm=False)]
+            got = [o.outputs[0].token_ids for o in cached.generate(PROMPTS, params, use_tqdm=False)]
+            check.expect(got == want, "with your update, the kvcache engine's greedy tokens differ from "
+                         "the naive engine's")
+
+    return run_checker(
+        "Task 1 (write_kv)",
+        "cache is (B, heads, max_len, d) but new is (B, T, heads, d): transpose before writing into "
+        "cache[:, :, start:start+T], and return cache[:, :, :start+T] transposed back.",
+        body,
+    )

@@ -1,0 +1,231 @@
+"""``LLM``: the offline front end, shaped like vLLM's, over any engine in ``ENGINES``.
+
+    llm = LLM("labkit-tiny", engine="naive")
+    out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=32, temperature=0))[0]
+    out.outputs[0].text, out.metrics.ttft
+
+Introduced in notebook 01 (``01_anatomy_of_a_request``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Iterator, Sequence as Seq
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from labkit.detokenizer import IncrementalDetokenizer
+from labkit.device import resolve_device, resolve_dtype
+from labkit.engine import ENGINES, Engine
+from labkit.metrics import RequestMetrics
+from labkit.model import CausalLM, load_checkpoint, random_model
+from labkit.model.source import BUNDLED_MODEL, ModelSource, resolve_model_source
+from labkit.outputs import CompletionOutput, RequestOutput
+from labkit.sampling_params import SamplingParams
+from labkit.sequence import Sequence, SequenceStatus
+from labkit.tokenizer import SafeDecoder, load_tokenizer
+
+Prompt = str | list[int]
+
+
+def default_engine() -> str:
+    """The most advanced engine built so far (the last in teaching order)."""
+    return list(ENGINES)[-1]
+
+
+class LLM:
+    """Load a model once; generate with any engine. Introduced in notebook 01.
+
+    Args:
+        model: the bundled model's name ("labkit-tiny"), a checkpoint folder, or a preset name.
+        engine: a name from ``ENGINES``; defaults to the last (most complete) engine.
+        device: "auto" (cuda, then mps, then cpu), or a torch device string.
+        dtype: "auto" (bf16 on capable GPUs, float32 elsewhere), "float32", "bfloat16", "float16", "float64".
+        seed: seeds unseeded sampled requests, so a whole run is reproducible.
+        **engine_options: the engine's options (vLLM names, e.g. max_model_len).
+    """
+
+    def __init__(
+        self,
+        model: str | Path = BUNDLED_MODEL,
+        engine: str | None = None,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        seed: int = 0,
+        **engine_options: object,
+    ) -> None:
+        engine = engine or default_engine()
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; engines are (in teaching order): {', '.join(ENGINES)}")
+        engine_cls = ENGINES[engine]
+        accepted = [f.name for f in dataclasses.fields(engine_cls.config_class)]
+        unknown = sorted(set(engine_options) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"engine {engine!r} does not take option(s) {', '.join(unknown)}; it accepts: {', '.join(accepted)}"
+            )
+        self.source: ModelSource = resolve_model_source(model)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model_config = self.source.config
+        self.model: CausalLM = (
+            random_model(self.model_config, self.device, self.dtype, seed=seed)
+            if self.source.is_preset
+            else load_checkpoint(self.source.checkpoint, self.device, self.dtype)  # type: ignore[arg-type]
+        )
+        self.tokenizer = load_tokenizer(self.source.tokenizer_path)
+        self.decoder = SafeDecoder(self.tokenizer)
+        config = engine_cls.config_class(**engine_options)  # type: ignore[arg-type]
+        limit = self.model_config.max_position_embeddings
+        if config.max_model_len is None:
+            config.max_model_len = limit
+        elif not 1 < config.max_model_len <= limit:
+            raise ValueError(f"max_model_len must be in [2, {limit}] (the model's max_position_embeddings), "
+                             f"got {config.max_model_len}")
+        self.max_model_len: int = config.max_model_len
+        self.engine_name = engine
+        self.engine: Engine = engine_cls(self.model, config)
+        self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | (
+            {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        )
+        self._rng = random.Random(seed)
+        self._next_id = 0
+
+    def __repr__(self) -> str:
+        return (f"LLM(model={self.source.name!r}, engine={self.engine_name!r}, device={self.device}, "
+                f"dtype={self.dtype}, max_model_len={self.max_model_len})")
+
+    # ---- input checking: every request is validated before any work starts ----
+
+    def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
+        """Prompt -> token ids (strings get the tokenizer's special tokens, e.g. BOS), with clear errors."""
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise ValueError(f"prompt {index} is empty; give at least one character or token id")
+            return list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, (list, tuple)):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {index} is an empty token list; give at least one token id")
+            vocab = self.model_config.vocab_size
+            for t in prompt:
+                if isinstance(t, bool) or not isinstance(t, int):
+                    raise TypeError(f"prompt {index}: token ids must be ints, got {type(t).__name__} {t!r}")
+                if not 0 <= t < vocab:
+                    raise ValueError(f"prompt {index}: token id {t} is outside the vocabulary [0, {vocab})")
+            return list(prompt)
+        raise TypeError(f"prompt {index} must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def _check_lengths(self, ids: list[int], params: SamplingParams, index: int) -> None:
+        n = len(ids)
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt {index} has {n} tokens, which leaves no room to generate within "
+                             f"max_model_len {self.max_model_len}; shorten it to at most {self.max_model_len - 1}")
+        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt {index}: {n} prompt tokens + max_tokens {params.max_tokens} exceeds "
+                             f"max_model_len {self.max_model_len}; lower max_tokens to at most "
+                             f"{self.max_model_len - n}")
+
+    def _make_sequences(self, prompts: Seq[Prompt], params: Seq[SamplingParams]) -> list[list[Sequence]]:
+        """One list of sequences per prompt (n of them when SamplingParams.n > 1)."""
+        encoded = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"sampling params {i} must be a SamplingParams, got {type(p).__name__}")
+            ids = self.encode(prompt, i)
+            self._check_lengths(ids, p, i)
+            encoded.append(ids)
+        now = time.perf_counter()
+        groups = []
+        for prompt, ids, p in zip(prompts, encoded, params):
+            group = []
+            for j in range(p.n):
+                seed = p.seed + j if p.seed is not None else self._rng.randrange(2**62)
+                gen = None if p.greedy else torch.Generator(device=self.device).manual_seed(seed)
+                group.append(Sequence(
+                    seq_id=self._next_id, prompt=prompt if isinstance(prompt, str) else None,
+                    prompt_token_ids=ids, params=p,
+                    detokenizer=IncrementalDetokenizer(self.decoder, ids, p.stop, p.skip_special_tokens),
+                    generator=gen, metrics=RequestMetrics(arrival_time=now), max_model_len=self.max_model_len,
+                    eos_token_ids=self.eos_token_ids,
+                ))
+                self._next_id += 1
+            groups.append(group)
+        return groups
+
+    @staticmethod
+    def _broadcast(prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None
+                   ) -> tuple[list[Prompt], list[SamplingParams]]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, SamplingParams):
+            return prompts, [params] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one, or one per prompt")
+        return prompts, params
+
+    # ---- running ----
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; results in prompt order. Invalid input raises before any work."""
+        prompts, params = self._broadcast(prompts, sampling_params)
+        groups = self._make_sequences(prompts, params)
+        seqs = [s for g in groups for s in g]
+        self._run(seqs, use_tqdm)
+        return [self._to_output(g) for g in groups]
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield the new text of one request as its tokens are produced."""
+        prompts, params = self._broadcast(prompt, sampling_params)
+        if len(prompts) != 1 or params[0].n != 1:
+            raise ValueError("stream takes exactly one prompt and n=1")
+        (seq,), = self._make_sequences(prompts, params)
+        self.engine.add_request(seq)
+        try:
+            while not seq.is_finished:
+                self.engine.step()
+                delta = seq.detokenizer.pop_delta(seq.is_finished)
+                if delta:
+                    yield delta
+        finally:
+            if not seq.is_finished:  # the consumer stopped early (break, exception, interrupt)
+                self.engine.abort_request(seq.seq_id)
+
+    def _run(self, seqs: list[Sequence], use_tqdm: bool) -> None:
+        for s in seqs:
+            self.engine.add_request(s)
+        try:
+            with tqdm(total=len(seqs), desc=f"{self.engine_name}", unit="req", disable=not use_tqdm) as bar:
+                while self.engine.has_unfinished_requests():
+                    done = sum(s.is_finished for s in self.engine.step())
+                    bar.update(done)
+        except BaseException:
+            # An error or a KeyboardInterrupt mid-run must not leave requests behind in the engine.
+            self.engine.abort_all()
+            raise
+
+    def _to_output(self, group: list[Sequence]) -> RequestOutput:
+        first = group[0]
+        outputs = [
+            CompletionOutput(
+                index=j, text=s.text, token_ids=list(s.output_token_ids),
+                finish_reason=s.finish_reason.value if s.finish_reason else None, stop_reason=s.stop_reason,
+            )
+            for j, s in enumerate(group)
+        ]
+        return RequestOutput(
+            request_id=str(first.seq_id), prompt=first.prompt, prompt_token_ids=list(first.prompt_token_ids),
+            outputs=outputs, finished=all(s.status == SequenceStatus.FINISHED for s in group), metrics=first.metrics,
+        )

@@ -1,0 +1,97 @@
+"""A request as the engine sees it: token ids, status, sampling state, timings.
+
+Introduced in notebook 01 (``01_anatomy_of_a_request``). Every engine appends tokens through
+``Sequence.append_token``, so stop rules are the same whatever the scheduling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from labkit.detokenizer import IncrementalDetokenizer
+from labkit.metrics import RequestMetrics
+from labkit.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass
+class Sequence:
+    """One sequence being generated. Notebook 01."""
+
+    seq_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    metrics: RequestMetrics
+    max_model_len: int
+    eos_token_ids: frozenset[int] = frozenset()
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def text(self) -> str:
+        return self.detokenizer.text
+
+    def append_token(self, token_id: int, now: float) -> None:
+        """Record a sampled token and finish the sequence if a stop rule says so."""
+        self.output_token_ids.append(token_id)
+        self.metrics.token_times.append(now)
+        stop_str = self.detokenizer.append(token_id)
+        p = self.params
+        if stop_str is not None:
+            self._finish(FinishReason.STOP, stop_str, now)
+        elif not p.ignore_eos and token_id in self.eos_token_ids:
+            self._finish(FinishReason.STOP, None, now)
+        elif token_id in p.stop_token_ids:
+            self._finish(FinishReason.STOP, token_id, now)
+        elif p.max_tokens is not None and self.num_output_tokens >= p.max_tokens:
+            self._finish(FinishReason.LENGTH, None, now)
+        elif self.num_tokens >= self.max_model_len:
+            self._finish(FinishReason.LENGTH, None, now)
+
+    def abort(self, now: float) -> None:
+        self._finish(FinishReason.ABORT, None, now)
+
+    def _finish(self, reason: FinishReason, stop_reason: str | int | None, now: float) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.metrics.finished_time = now
