@@ -154,6 +154,9 @@ class LLM:
                 ))
                 self._next_id += 1
             groups.append(group)
+        for group in groups:
+            for seq in group:
+                self.engine.validate(seq)
         return groups
 
     @staticmethod
@@ -228,4 +231,5 @@ class LLM:
         return RequestOutput(
             request_id=str(first.seq_id), prompt=first.prompt, prompt_token_ids=list(first.prompt_token_ids),
             outputs=outputs, finished=all(s.status == SequenceStatus.FINISHED for s in group), metrics=first.metrics,
+            num_cached_tokens=first.num_cached_tokens,
         )

@@ -28,3 +28,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (paged engines)

@@ -45,6 +45,11 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    # Paged engines (notebook 06 on): where this sequence's K/V live and how much of it is computed.
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # of those, how many came from the prefix cache (no prefill needed)
+    num_preemptions: int = 0
 
     @property
     def token_ids(self) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -83,5 +84,20 @@ def random_checkpoint(tmp_path_factory: pytest.TempPathFactory, bundled_path: Pa
     return make
 
 
+@functools.lru_cache(maxsize=16)
 def hf_model(path: Path, dtype: torch.dtype = torch.float32):  # type: ignore[no-untyped-def]
+    """transformers' own model for a checkpoint: the reference every engine is compared with."""
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+@functools.lru_cache(maxsize=1024)
+def _hf_greedy(path: Path, prompt_ids: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
+    ids = torch.tensor([prompt_ids])
+    out = hf_model(path).generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=0)
+    return tuple(out[0, len(prompt_ids):].tolist())
+
+
+def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' ``generate(do_sample=False)`` continuation of one prompt (cached)."""
+    return list(_hf_greedy(Path(path), tuple(prompt_ids), max_new_tokens))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import RANDOM_KINDS
+from conftest import RANDOM_KINDS, hf_greedy
 from labkit import LLM, SamplingParams
-from test_naive_engine import PROMPTS, hf_greedy
+from test_naive_engine import PROMPTS
 
 MIXED = [[1, 40, 41, 42, 43], [1, 99, 7], list(range(3, 40)), [1, 5]]
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from conftest import RANDOM_KINDS, hf_model
+from conftest import RANDOM_KINDS, hf_greedy
 from labkit import ENGINES, LLM, SamplingParams
 
 PROMPTS = [
@@ -13,14 +12,6 @@ PROMPTS = [
     "The dog ran to the park. He saw",
     "One day, Tom found a red ball under the big tree. He",
 ]
-
-
-def hf_greedy(path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:  # type: ignore[no-untyped-def]
-    model = hf_model(path)
-    ids = torch.tensor([prompt_ids])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
 
 
 def test_engines_listed_in_teaching_order() -> None:

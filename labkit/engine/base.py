@@ -40,6 +40,9 @@ class StepStats:
     num_padding_tokens: int = 0  # positions computed only to square up a padded batch
     num_idle_slots: int = 0  # batch rows already finished but still computed
     is_prefill: bool = True  # whether any prompt tokens were processed this step
+    num_prefill_tokens: int = 0  # prompt (or recomputed) tokens among num_computed_tokens
+    kv_blocks_used: int | None = None  # paged engines: blocks held after the step
+    num_preemptions: int = 0  # paged engines: preemptions so far
 
     @property
     def duration(self) -> float:
@@ -73,6 +76,9 @@ class Engine(ABC):
         self.config = config
         self.device = model.device
         self.step_stats: list[StepStats] = []
+
+    def validate(self, seq: Sequence) -> None:
+        """Raise if this engine could never serve ``seq`` (called for every request before any is added)."""
 
     @abstractmethod
     def add_request(self, seq: Sequence) -> None: ...
