@@ -150,7 +150,7 @@ class LLM:
                     prompt_token_ids=ids, params=p,
                     detokenizer=IncrementalDetokenizer(self.decoder, ids, p.stop, p.skip_special_tokens),
                     generator=gen, metrics=RequestMetrics(arrival_time=now), max_model_len=self.max_model_len,
-                    eos_token_ids=self.eos_token_ids,
+                    eos_token_ids=self.eos_token_ids, parent=group[0] if group else None,
                 ))
                 self._next_id += 1
             groups.append(group)
@@ -181,13 +181,30 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        arrival_times: Seq[float] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; results in prompt order. Invalid input raises before any work."""
+        """Generate for every prompt; results in prompt order. Invalid input raises before any work.
+
+        ``arrival_times`` (seconds after the call, one per prompt) replay traffic: a request joins the
+        engine only once its time has come, and its metrics count from that arrival.
+        """
         prompts, params = self._broadcast(prompts, sampling_params)
+        offsets = self._check_arrivals(arrival_times, len(prompts))
         groups = self._make_sequences(prompts, params)
-        seqs = [s for g in groups for s in g]
-        self._run(seqs, use_tqdm)
+        self._run(groups, offsets, use_tqdm)
         return [self._to_output(g) for g in groups]
+
+    @staticmethod
+    def _check_arrivals(arrival_times: Seq[float] | None, n: int) -> list[float]:
+        if arrival_times is None:
+            return [0.0] * n
+        offsets = list(arrival_times)
+        if len(offsets) != n:
+            raise ValueError(f"got {len(offsets)} arrival_times for {n} prompts; give one per prompt")
+        for i, t in enumerate(offsets):
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+                raise ValueError(f"arrival_times[{i}] must be a number of seconds >= 0, got {t!r}")
+        return [float(t) for t in offsets]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the new text of one request as its tokens are produced."""
@@ -206,12 +223,23 @@ class LLM:
             if not seq.is_finished:  # the consumer stopped early (break, exception, interrupt)
                 self.engine.abort_request(seq.seq_id)
 
-    def _run(self, seqs: list[Sequence], use_tqdm: bool) -> None:
-        for s in seqs:
-            self.engine.add_request(s)
+    def _run(self, groups: list[list[Sequence]], offsets: list[float], use_tqdm: bool) -> None:
+        # Requests join in arrival order; ties keep prompt order (FCFS).
+        pending = sorted(((t, i) for i, t in enumerate(offsets)), reverse=True)
+        total = sum(len(g) for g in groups)
+        start = time.perf_counter()
         try:
-            with tqdm(total=len(seqs), desc=f"{self.engine_name}", unit="req", disable=not use_tqdm) as bar:
-                while self.engine.has_unfinished_requests():
+            with tqdm(total=total, desc=f"{self.engine_name}", unit="req", disable=not use_tqdm) as bar:
+                while pending or self.engine.has_unfinished_requests():
+                    now = time.perf_counter()
+                    while pending and start + pending[-1][0] <= now:
+                        offset, i = pending.pop()
+                        for seq in groups[i]:
+                            seq.metrics.arrival_time = start + offset
+                            self.engine.add_request(seq)
+                    if not self.engine.has_unfinished_requests():
+                        time.sleep(max(0.0, start + pending[-1][0] - time.perf_counter()))  # idle until the next arrival
+                        continue
                     done = sum(s.is_finished for s in self.engine.step())
                     bar.update(done)
         except BaseException:

@@ -50,6 +50,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache (no prefill needed)
     num_preemptions: int = 0
+    parent: Sequence | None = None  # parallel sampling (n > 1): the sample whose prompt K/V this one shares
 
     @property
     def token_ids(self) -> list[int]:
@@ -91,6 +92,20 @@ class Sequence:
             self._finish(FinishReason.LENGTH, None, now)
         elif self.num_tokens >= self.max_model_len:
             self._finish(FinishReason.LENGTH, None, now)
+
+    @property
+    def can_fork(self) -> bool:
+        """A parallel sample may share its parent's blocks once the parent's prompt K/V are computed
+        (all but the last prompt token, which each sample computes itself to draw its own first token)."""
+        p = self.parent
+        return (p is not None and not self.block_table and bool(p.block_table)
+                and p.num_computed_tokens >= self.num_prompt_tokens - 1)
+
+    @property
+    def waits_for_parent(self) -> bool:
+        """The parent is in the engine but has not computed its prompt yet: forking later saves its prefill."""
+        p = self.parent
+        return p is not None and not self.block_table and not p.is_finished and not self.can_fork
 
     def abort(self, now: float) -> None:
         self._finish(FinishReason.ABORT, None, now)

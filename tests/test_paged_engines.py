@@ -167,3 +167,37 @@ def test_abort_frees_blocks(bundled_path) -> None:
         if i == 3:
             break
     assert_all_blocks_free(llm)
+
+
+def test_requests_arriving_over_time_are_measured_from_their_arrival(bundled_path) -> None:
+    llm = LLM(str(bundled_path), engine="chunked")
+    prompts = story_prompts(3, seed=2)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False, arrival_times=[0.0, 0.3, 0.15])
+    arrivals = [o.metrics.arrival_time for o in outs]
+    assert arrivals[1] - arrivals[0] == pytest.approx(0.3) and arrivals[2] - arrivals[0] == pytest.approx(0.15)
+    for o in outs:  # nobody is scheduled before it arrives; TTFT counts from its own arrival
+        assert o.metrics.first_scheduled_time >= o.metrics.arrival_time
+        assert o.metrics.ttft == pytest.approx(o.metrics.token_times[0] - o.metrics.arrival_time)
+    alone = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone]
+    with pytest.raises(ValueError, match="arrival_times\\[1\\] must be a number of seconds >= 0"):
+        llm.generate(prompts[:2], params, arrival_times=[0.0, -1.0])
+
+
+@pytest.mark.parametrize("engine", PAGED_ENGINES)
+def test_parallel_samples_share_the_prompt_and_copy_on_write(bundled_path, engine: str) -> None:
+    prompt = long_text(40, seed=4)  # not a multiple of the block size: the last prompt block is shared, partial
+    params = SamplingParams(n=3, max_tokens=10, temperature=1.0, seed=21, ignore_eos=True)
+    want = LLM(str(bundled_path), engine="naive", dtype="float64").generate(prompt, params, use_tqdm=False)[0]
+    n_prompt = len(want.prompt_token_ids)
+    block_size = 8 if n_prompt % 8 else 7
+    llm = LLM(str(bundled_path), engine=engine, dtype="float64", block_size=block_size, debug_checks=True)
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert [c.token_ids for c in out.outputs] == [c.token_ids for c in want.outputs]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # seeds seed, seed+1, seed+2 differ
+    bm = llm.engine.block_manager
+    assert n_prompt % block_size != 0
+    assert bm.num_forked_tokens == 2 * (n_prompt - 1)  # two samples reused the parent's prompt K/V
+    assert bm.num_copies >= 2  # the shared partial block was copied before being written
+    assert_all_blocks_free(llm)

@@ -55,6 +55,9 @@ class BlockManager:
         # prefix-cache statistics
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        # parallel-sampling statistics
+        self.num_forked_tokens = 0
+        self.num_copies = 0
 
     # ---- accounting ----
 
@@ -182,6 +185,7 @@ class BlockManager:
             seq.num_computed_tokens = seq.num_cached_tokens
         copies = []
         if self._needs_copy(seq):
+            self.num_copies += 1
             first = seq.num_computed_tokens // self.block_size
             src, dst = seq.block_table[first], self._take_free_block()
             self._release(src)
@@ -200,14 +204,18 @@ class BlockManager:
         """Room for one more token (a decode step); same return value as ``allocate``."""
         return self.allocate(seq, 1)
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """``child`` shares every block of ``parent`` (parallel sampling); writes will copy."""
+    def fork(self, parent: Sequence, child: Sequence, num_tokens: int | None = None) -> None:
+        """``child`` shares ``parent``'s blocks holding its first ``num_tokens`` tokens (all by default);
+        whoever writes into a shared block later gets a copy first."""
         assert not child.block_table, "fork into a sequence that has no blocks"
-        for block_id in parent.block_table:
+        num_tokens = parent.num_computed_tokens if num_tokens is None else num_tokens
+        assert num_tokens <= parent.num_computed_tokens, "can only share tokens the parent has computed"
+        shared = parent.block_table[: self.blocks_needed(num_tokens)]
+        for block_id in shared:
             self.blocks[block_id].ref_count += 1
-        child.block_table = list(parent.block_table)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.num_cached_tokens = parent.num_cached_tokens
+        child.block_table = list(shared)
+        child.num_computed_tokens = num_tokens
+        self.num_forked_tokens += num_tokens
 
     def free(self, seq: Sequence) -> None:
         """Return ``seq``'s blocks (last first, so a prefix's tail is evicted before its head)."""

@@ -174,6 +174,15 @@ class PagedEngine(PagedEngineBase):
         bm = self.block_manager
         while self.waiting and len(self.batch) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.waits_for_parent and seq.parent in self.batch:
+                # A parallel sample joins its parent's batch without blocks; it forks once the parent's
+                # prompt is computed (see step).
+                self.waiting.popleft()
+                seq.status = SequenceStatus.RUNNING
+                seq.metrics.first_scheduled_time = now
+                self.batch.append(seq)
+                self.running.append(seq)
+                continue
             cached = bm.lookup_prefix(seq)
             num_new = seq.num_tokens - len(cached) * bm.block_size
             if not bm.can_allocate(seq, num_new, cached):
@@ -200,6 +209,10 @@ class PagedEngine(PagedEngineBase):
         for seq in list(self.running):  # admission order: the newest rows are the first to give way
             if seq not in self.running:
                 continue  # preempted a moment ago to make room for an older row
+            if seq.can_fork:
+                bm.fork(seq.parent, seq, seq.num_prompt_tokens - 1)  # type: ignore[arg-type]
+            elif seq.waits_for_parent:
+                continue  # its parent's prompt is still being computed
             n = seq.num_tokens - seq.num_computed_tokens
             while not bm.can_allocate(seq, n):
                 victim = self.running.pop()

@@ -93,6 +93,14 @@ class Scheduler:
         admitting = self.num_preemptions == preemptions_before  # memory is short: admit nobody this step
         while admitting and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
+            if seq.can_fork and bm.num_free_blocks >= 1:  # a parallel sample: share the parent's prompt
+                self.waiting.popleft()
+                bm.fork(seq.parent, seq, seq.num_prompt_tokens - 1)  # type: ignore[arg-type]
+                self._admit(seq, 1, bm.allocate(seq, 1), batch, now)
+                budget -= 1
+                continue
+            if seq.waits_for_parent and seq.parent in self.running:
+                break  # its parent is being prefilled this step; share its blocks next step
             cached = bm.lookup_prefix(seq)
             n = seq.num_tokens - len(cached) * bm.block_size
             if self.enable_chunked_prefill:
@@ -102,13 +110,17 @@ class Scheduler:
             if not bm.can_allocate(seq, n, cached):
                 break
             self.waiting.popleft()
-            batch.copies += bm.allocate(seq, n, cached)
+            copies = bm.allocate(seq, n, cached)
             bm.record_prefix_query(seq)
-            seq.status = SequenceStatus.RUNNING
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
-            self.running.append(seq)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
+            self._admit(seq, n, copies, batch, now)
             budget -= n
         return batch
+
+    def _admit(self, seq: Sequence, n: int, copies: list[tuple[int, int]], batch: ScheduledBatch, now: float) -> None:
+        seq.status = SequenceStatus.RUNNING
+        if seq.metrics.first_scheduled_time is None:
+            seq.metrics.first_scheduled_time = now
+        self.running.append(seq)
+        batch.copies += copies
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(n)
