@@ -34,6 +34,11 @@ class DeviceRoof:
     matmul_size: int
     buffer_bytes: int
     num_threads: int
+    smoke: bool = False  # measured with cache-sized buffers: bandwidth reads high; never the saved default
+
+    @property
+    def default_path(self) -> Path:
+        return RESULTS_DIR / f"roof_{self.device}_{self.dtype}{'_smoke' if self.smoke else ''}.json"
 
     @property
     def ridge_point(self) -> float:
@@ -50,7 +55,7 @@ class DeviceRoof:
                 f"matmul {self.matmul_flops / 1e12:.3f} TFLOP/s, ridge point {self.ridge_point:.1f} FLOP/byte")
 
     def save(self, path: str | Path | None = None) -> Path:
-        path = Path(path) if path is not None else RESULTS_DIR / f"roof_{self.device}_{self.dtype}.json"
+        path = Path(path) if path is not None else self.default_path
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(self), indent=2))
         return path
@@ -110,13 +115,16 @@ def probe(device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
     return DeviceRoof(
         device=dev.type, device_name=device_name(dev), dtype=str(dt).removeprefix("torch."),
         memory_bandwidth=max(read, copy), read_bandwidth=read, copy_bandwidth=copy,
-        matmul_flops=flops, matmul_size=n, buffer_bytes=nbytes, num_threads=torch.get_num_threads(),
+        matmul_flops=flops, matmul_size=n, buffer_bytes=nbytes, num_threads=torch.get_num_threads(), smoke=smoke,
     )
 
 
 def load_or_probe(device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
                   smoke: bool = False) -> DeviceRoof:
-    """The roof saved by notebook 00 for this device and dtype, or a fresh (smoke-sized) measurement."""
+    """The full-size roof saved by notebook 00 for this device and dtype, else a fresh measurement.
+
+    A smoke run saves to its own file, so it never replaces a learner's full measurement.
+    """
     dev = resolve_device(device)
     dt = str(resolve_dtype(dtype, dev)).removeprefix("torch.")
     path = RESULTS_DIR / f"roof_{dev.type}_{dt}.json"

@@ -10,6 +10,7 @@ Introduced in notebook 01 (``01_anatomy_of_a_request``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 from collections.abc import Iterator, Sequence as Seq
@@ -30,6 +31,14 @@ from labkit.sequence import Sequence, SequenceStatus
 from labkit.tokenizer import SafeDecoder, load_tokenizer
 
 Prompt = str | list[int]
+
+
+def generation_eos_ids(source: ModelSource) -> frozenset[int]:
+    """EOS ids from the checkpoint's generation_config.json (e.g. a chat model's end-of-turn token)."""
+    if source.checkpoint is None or not (source.checkpoint / "generation_config.json").is_file():
+        return frozenset()
+    eos = json.loads((source.checkpoint / "generation_config.json").read_text()).get("eos_token_id")
+    return frozenset(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
 
 
 def default_engine() -> str:
@@ -89,7 +98,7 @@ class LLM:
         self.max_model_len: int = config.max_model_len
         self.engine_name = engine
         self.engine: Engine = engine_cls(self.model, config)
-        self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | (
+        self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | generation_eos_ids(self.source) | (
             {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         )
         self._rng = random.Random(seed)
@@ -129,8 +138,10 @@ class LLM:
                              f"max_model_len {self.max_model_len}; lower max_tokens to at most "
                              f"{self.max_model_len - n}")
 
-    def _make_sequences(self, prompts: Seq[Prompt], params: Seq[SamplingParams]) -> list[list[Sequence]]:
+    def _make_sequences(self, prompts: Seq[Prompt], params: Seq[SamplingParams], arrival_time: float | None = None
+                        ) -> list[list[Sequence]]:
         """One list of sequences per prompt (n of them when SamplingParams.n > 1)."""
+        now = time.perf_counter() if arrival_time is None else arrival_time
         encoded = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             if not isinstance(p, SamplingParams):
@@ -138,7 +149,6 @@ class LLM:
             ids = self.encode(prompt, i)
             self._check_lengths(ids, p, i)
             encoded.append(ids)
-        now = time.perf_counter()
         groups = []
         for prompt, ids, p in zip(prompts, encoded, params):
             group = []
@@ -188,10 +198,11 @@ class LLM:
         ``arrival_times`` (seconds after the call, one per prompt) replay traffic: a request joins the
         engine only once its time has come, and its metrics count from that arrival.
         """
+        start = time.perf_counter()  # requests arrive before they are tokenized, as in vLLM
         prompts, params = self._broadcast(prompts, sampling_params)
         offsets = self._check_arrivals(arrival_times, len(prompts))
-        groups = self._make_sequences(prompts, params)
-        self._run(groups, offsets, use_tqdm)
+        groups = self._make_sequences(prompts, params, start)
+        self._run(groups, offsets, start, use_tqdm)
         return [self._to_output(g) for g in groups]
 
     @staticmethod
@@ -206,13 +217,29 @@ class LLM:
                 raise ValueError(f"arrival_times[{i}] must be a number of seconds >= 0, got {t!r}")
         return [float(t) for t in offsets]
 
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> list[Sequence]:
+        """Validate one prompt and queue its sequence(s) in the engine; drive it with ``step``.
+
+        The low-level path (vLLM's ``llm_engine.add_request`` / ``step``) for notebooks that watch
+        an engine work step by step. Returns the n sequences of the request.
+        """
+        prompts, params = self._broadcast(prompt, sampling_params)
+        if len(prompts) != 1:
+            raise ValueError("add_request takes one prompt; use generate for many")
+        (group,) = self._make_sequences(prompts, params)
+        for seq in group:
+            self.engine.add_request(seq)
+        return group
+
+    def step(self) -> list[Sequence]:
+        """Run one engine iteration; returns the sequences that received a token."""
+        return self.engine.step()
+
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the new text of one request as its tokens are produced."""
-        prompts, params = self._broadcast(prompt, sampling_params)
-        if len(prompts) != 1 or params[0].n != 1:
-            raise ValueError("stream takes exactly one prompt and n=1")
-        (seq,), = self._make_sequences(prompts, params)
-        self.engine.add_request(seq)
+        if sampling_params is not None and sampling_params.n != 1:
+            raise ValueError("stream takes n=1")
+        (seq,) = self.add_request(prompt, sampling_params)
         try:
             while not seq.is_finished:
                 self.engine.step()
@@ -223,11 +250,10 @@ class LLM:
             if not seq.is_finished:  # the consumer stopped early (break, exception, interrupt)
                 self.engine.abort_request(seq.seq_id)
 
-    def _run(self, groups: list[list[Sequence]], offsets: list[float], use_tqdm: bool) -> None:
+    def _run(self, groups: list[list[Sequence]], offsets: list[float], start: float, use_tqdm: bool) -> None:
         # Requests join in arrival order; ties keep prompt order (FCFS).
         pending = sorted(((t, i) for i, t in enumerate(offsets)), reverse=True)
         total = sum(len(g) for g in groups)
-        start = time.perf_counter()
         try:
             with tqdm(total=total, desc=f"{self.engine_name}", unit="req", disable=not use_tqdm) as bar:
                 while pending or self.engine.has_unfinished_requests():

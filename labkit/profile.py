@@ -41,7 +41,8 @@ def pick_profile(device: str | torch.device = "auto", smoke: bool | None = None)
     dev = resolve_device(device)
     smoke = smoke_mode() if smoke is None else smoke
     if smoke:
-        return Profile("smoke", dev.type, "float32", "labkit-tiny", "smollm2-135m", 8, 16, True)
+        dtype = "bfloat16" if dev.type == "cuda" else "float32"  # what dtype="auto" picks there
+        return Profile("smoke", dev.type, dtype, "labkit-tiny", "smollm2-135m", 8, 16, True)
     if dev.type == "cuda":
         return Profile("gpu", "cuda", "bfloat16", "labkit-tiny", "llama3.2-1b", 256, 128, False)
     if dev.type == "mps":

@@ -41,3 +41,11 @@ def test_profiles(monkeypatch) -> None:
     assert not smoke_mode()
     cpu = pick_profile("cpu", smoke=False)
     assert cpu.device == "cpu" and cpu.dtype == "float32" and not cpu.smoke
+
+
+def test_human_bytes() -> None:
+    from labkit.units import human_bytes
+
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(1536) == "1.50 KiB"
+    assert human_bytes(3 * 1024**3) == "3.00 GiB"

@@ -157,3 +157,8 @@ def test_max_tokens_none_fills_the_context(bundled_path) -> None:
     out = llm.generate([[1, 5, 6, 7]], SamplingParams(max_tokens=None, temperature=0, ignore_eos=True),
                        use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 20 and out.outputs[0].finish_reason == "length"
+
+
+def test_end_of_turn_from_generation_config_stops_like_transformers(llm: LLM, tokenizer) -> None:
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    assert end in llm.eos_token_ids  # generation_config.json lists it, as transformers' generate uses

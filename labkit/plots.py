@@ -1,0 +1,292 @@
+"""The workbook's shared plots: the roofline, and where one request's time goes.
+
+Introduced in notebook 00 (``00_setup_and_hardware``: ``plot_roofline``) and notebook 01
+(``01_anatomy_of_a_request``: ``plot_token_latencies``, ``plot_stage_breakdown``,
+``plot_request_timeline``). Notebook 04 places measured engine steps on the roofline with
+``plot_roofline(roof, points=...)``. Notebook 05 (``05_static_batching``) adds
+``plot_slot_occupancy`` and ``plot_token_breakdown``, which notebook 07 reuses. Every function draws on
+``ax`` (a new figure if None) and returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import EngFormatter
+
+from labkit.batching import SlotOccupancy, TokenCounts
+from labkit.hardware import DeviceRoof
+from labkit.request_trace import RequestTrace
+
+# One colour per stage, the same in every plot of the workbook.
+STAGE_COLORS: dict[str, str] = {
+    "tokenize": "#8c564b",
+    "prepare": "#ff7f0e",
+    "forward": "#1f77b4",
+    "sample": "#2ca02c",
+    "detokenize": "#9467bd",
+}
+PHASE_COLORS: dict[str, str] = {"prefill": "#d62728", "decode": "#1f77b4"}
+
+RooflinePoint = tuple[str, float, float]  # (label, arithmetic intensity FLOP/byte, achieved FLOP/s)
+
+
+def _eng(value: float, unit: str) -> str:
+    """1.5e11, "FLOP/s" -> "150 GFLOP/s": SI prefixes keep CPU and GPU numbers readable alike."""
+    return EngFormatter(unit=unit, places=1)(value)
+
+
+def _intensity(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _new_ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize, layout="constrained")
+    return ax
+
+
+def plot_roofline(roof: DeviceRoof, points: Sequence[RooflinePoint] | None = None, ax: Axes | None = None) -> Axes:
+    """Log-log roofline of ``roof``: attainable FLOP/s against arithmetic intensity (FLOP/byte).
+
+    ``points``: optional (label, intensity, achieved FLOP/s) markers, e.g. measured engine steps (notebook 04).
+    """
+    ax = _new_ax(ax, (8, 5))
+    points = list(points or [])
+    peak, bw, ridge = roof.matmul_flops, roof.memory_bandwidth, roof.ridge_point
+    # Span two decades either side of the ridge point, widened to include every point.
+    xs_wanted = [ridge / 100, ridge * 100] + [p[1] for p in points if p[1] > 0]
+    x = np.logspace(np.log10(min(xs_wanted)) - 0.3, np.log10(max(xs_wanted)) + 0.3, 400)
+    ax.loglog(x, np.minimum(peak, x * bw), color="black", lw=2.5,
+              label="attainable = min(compute, intensity × bandwidth)")
+    ax.loglog(x, x * bw, color="tab:blue", ls="--", lw=1,
+              label=f"memory roof: {_eng(bw, 'B/s')} × intensity")
+    ax.axhline(peak, color="tab:orange", ls="--", lw=1,
+               label=f"compute roof: {_eng(peak, 'FLOP/s')} ({roof.dtype} matmul)")
+    ax.scatter([ridge], [peak], s=60, color="black", zorder=5)
+    ax.annotate(f"ridge point\n{_intensity(ridge)} FLOP/byte", (ridge, peak), xytext=(0, -42),
+                textcoords="offset points", ha="center", va="top", fontsize=9,
+                arrowprops={"arrowstyle": "->", "color": "gray"})
+    ax.axvspan(x[0], ridge, color="tab:blue", alpha=0.06)
+    ax.axvspan(ridge, x[-1], color="tab:orange", alpha=0.06)
+    achieved = [p[2] for p in points if p[2] > 0]
+    ymin = min([float(np.minimum(peak, x[0] * bw))] + achieved) / 2
+    ymax = max([peak] + achieved) * 3
+    ax.text(x[1], peak * 1.8, "bandwidth-bound", color="tab:blue", fontsize=9, va="center")
+    ax.text(x[-2], peak * 1.8, "compute-bound", color="tab:orange", fontsize=9, va="center", ha="right")
+    markers = "osD^vP*X"
+    for i, (label, intensity, flops) in enumerate(points):
+        ax.scatter([intensity], [flops], s=70, marker=markers[i % len(markers)], zorder=6,
+                   label=f"{label}: {_intensity(intensity)} FLOP/byte, {_eng(flops, 'FLOP/s')}")
+    ax.set_xlim(x[0], x[-1])
+    ax.set_ylim(ymin, ymax)
+    ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("attainable throughput (FLOP/s)")
+    ax.set_title(f"Roofline of {roof.device_name} ({roof.device}, {roof.dtype}, {roof.num_threads} threads)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return ax
+
+
+def plot_token_latencies(traces: RequestTrace | Mapping[str, RequestTrace], ax: Axes | None = None,
+                         show_work: bool = True) -> Axes:
+    """Step time (ms) of the step that produced each output token, prefill token marked.
+
+    Several traces (a mapping label -> trace) draw one line each, e.g. two engines side by side.
+    ``show_work`` adds each step's computed token positions on a second axis (one trace only).
+    """
+    ax = _new_ax(ax, (8, 4))
+    named = {"request": traces} if isinstance(traces, RequestTrace) else dict(traces)
+    for label, trace in named.items():
+        steps = [s for s in trace.steps if s.token_id is not None]
+        ms = [s.duration * 1e3 for s in steps]
+        idx = np.arange(len(ms))
+        name = f"{label}: decode steps" if len(named) > 1 else "decode step"
+        line = ax.plot(idx, ms, marker=".", lw=1, label=name)[0]
+        first = [i for i, s in enumerate(steps) if s.phase == "prefill"]
+        ax.scatter(first, [ms[i] for i in first], s=90, marker="*", zorder=5,
+                   color=PHASE_COLORS["prefill"] if len(named) == 1 else line.get_color(),
+                   label=f"{label}: prefill (first token)" if len(named) > 1 else "prefill (first token)")
+    ax.set_xlabel("output token index")
+    ax.set_ylabel("step time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Time of the engine step that produced each token")
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if show_work and len(named) == 1:
+        trace = next(iter(named.values()))
+        steps = [s for s in trace.steps if s.token_id is not None]
+        ax2 = ax.twinx()
+        work = ax2.plot(np.arange(len(steps)), [s.num_computed_tokens for s in steps], color="gray", ls=":",
+                        label="token positions computed (right axis)")
+        ax2.set_ylabel("token positions computed per step")
+        ax2.set_ylim(bottom=0)
+        handles += work
+        labels += [work[0].get_label()]
+    ax.legend(handles, labels, loc="upper left", fontsize=8)
+    return ax
+
+
+def plot_stage_breakdown(trace: RequestTrace, ax: Axes | None = None) -> Axes:
+    """Stacked bars: each stage's milliseconds, for tokenize and for every engine step."""
+    ax = _new_ax(ax, (9, 4))
+    stages = [s for s in STAGE_COLORS if s != "tokenize"]
+    stages += sorted({k for st in trace.steps for k in st.stage_times} - set(stages))  # any engine-specific stage
+    x = np.arange(len(trace.steps) + 1)  # bar 0 is tokenize
+    bottom = np.zeros(len(x))
+    tok = np.zeros(len(x))
+    tok[0] = trace.tokenize_time * 1e3
+    ax.bar(x, tok, color=STAGE_COLORS["tokenize"], label="tokenize")
+    for stage in stages:
+        ms = np.array([0.0] + [st.stage_times.get(stage, 0.0) * 1e3 for st in trace.steps])
+        ax.bar(x, ms, bottom=bottom, color=STAGE_COLORS.get(stage), label=stage)
+        bottom += ms
+    labels = ["tok"] + ["P" if st.phase == "prefill" else str(st.index) for st in trace.steps]
+    every = max(1, len(labels) // 16)
+    ax.set_xticks(x[::every], labels[::every])
+    ax.set_xlabel("stage (tok = tokenize, P = prefill step, then decode step number)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title("Where the time goes in each stage of one request")
+    ax.set_ylim(top=max(bottom.max(), tok[0]) * 1.25)  # headroom for the legend
+    ax.legend(fontsize=8, ncols=len(stages) + 1, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
+    return ax
+
+
+def plot_request_timeline(trace: RequestTrace, stream_times: Sequence[float] | None = None,
+                          ax: Axes | None = None) -> Axes:
+    """One request on a time axis (ms since submission): stages as coloured spans, tokens as ticks.
+
+    ``stream_times``: seconds since submission at which stream deltas arrived (optional third row).
+    """
+    ax = _new_ax(ax, (10, 3))
+    rows: list[tuple[str, float]] = [("engine", 2.0), ("tokens", 1.0)] + ([("stream", 0.0)] if stream_times else [])
+    spans: dict[str, list[tuple[float, float]]] = {"tokenize": [(0.0, trace.tokenize_time * 1e3)]}
+    for step in trace.steps:
+        t = step.start
+        for stage, seconds in step.stage_times.items():
+            spans.setdefault(stage, []).append((t * 1e3, seconds * 1e3))
+            t += seconds
+    for stage, bars in spans.items():
+        ax.broken_barh(bars, (1.7, 0.6), color=STAGE_COLORS.get(stage, "gray"), label=stage)
+    m = trace.metrics
+    if m is not None and m.token_times:
+        tok_ms = [(t - trace.submit_time) * 1e3 for t in m.token_times]
+        ax.vlines(tok_ms, 0.7, 1.3, color="black", lw=1)
+        arrival = (m.arrival_time - trace.submit_time) * 1e3
+        ax.axvline(arrival, color="gray", ls=":", lw=1)
+        ax.annotate("", xy=(tok_ms[0], 2.6), xytext=(arrival, 2.6),
+                    arrowprops={"arrowstyle": "<->", "color": PHASE_COLORS["prefill"]})
+        ax.text(arrival, 2.7, f"TTFT {tok_ms[0] - arrival:.1f} ms", ha="left", va="bottom",
+                color=PHASE_COLORS["prefill"], fontsize=9)
+    if stream_times:
+        ax.vlines([t * 1e3 for t in stream_times], -0.3, 0.3, color="tab:purple", lw=1)
+    ax.set_yticks([y for _, y in rows], [name for name, _ in rows])
+    ax.set_ylim(-0.6 if stream_times else 0.4, 3.2)
+    ax.set_xlabel("time since the request was submitted (ms)")
+    ax.set_title("One request on a timeline: stages (top), token timestamps (middle)"
+                 + (", stream deltas (bottom)" if stream_times else ""))
+    ax.legend(fontsize=8, ncols=len(spans), loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+# ---- static batching (notebook 05; reused by 07) ----
+
+# Slot states of an occupancy timeline, and their colours: blue is useful work, warm colours are waste.
+SLOT_COLORS: dict[str, str] = {
+    "empty": "#ffffff",
+    "useful: prompt (prefill)": "#08519c",
+    "useful: decode": "#6baed6",
+    "padding": "#fd8d3c",
+    "finished, still computed": "#d62728",
+}
+WASTE_COLORS: dict[str, str] = {"useful": "#3182bd", "padding": "#fd8d3c", "idle": "#d62728"}
+
+
+def plot_slot_occupancy(occupancy: SlotOccupancy, ax: Axes | None = None, step_times: Sequence[float] | None = None,
+                        title: str | None = None, sub_rows: int = 8) -> Axes:
+    """Slot-occupancy timeline: x = engine step (or time), y = batch slot, colour = what the slot computed.
+
+    A prefill cell is split vertically in proportion to its useful and padding positions; a decode
+    cell is useful or finished-but-still-computed. ``step_times``: each step's duration in seconds, to
+    draw steps as wide as they took (x in ms) instead of one unit each.
+    """
+    ax = _new_ax(ax, (10, 3.5))
+    names = list(SLOT_COLORS)
+    code = {name: i for i, name in enumerate(names)}
+    steps, slots, k = occupancy.num_steps, occupancy.num_slots, sub_rows
+    grid = np.zeros((slots * k, steps), dtype=float)  # (slot sub-rows, steps): a category per sub-cell
+    positions = occupancy.useful + occupancy.padding  # (steps, slots)
+    frac = np.divide(occupancy.useful, positions, out=np.zeros(positions.shape), where=positions > 0)
+    filled = np.rint(frac * k).astype(int)  # sub-rows drawn as useful, from the bottom of the slot
+    filled[(occupancy.useful > 0) & (filled == 0)] = 1  # never hide useful work entirely
+    for slot in range(slots):
+        for j in range(k):
+            row = slot * k + j
+            useful_here = j < filled[:, slot]
+            useful_code = np.where(occupancy.prefill, code["useful: prompt (prefill)"], code["useful: decode"])
+            cell = np.full(steps, code["empty"])
+            cell = np.where(positions[:, slot] > 0, np.where(useful_here, useful_code, code["padding"]), cell)
+            cell = np.where(occupancy.idle[:, slot], code["finished, still computed"], cell)
+            grid[row] = cell
+    if step_times is None:
+        x_edges = np.arange(steps + 1) - 0.5
+        ax.set_xlabel("engine step (one forward pass each)")
+    else:
+        if len(step_times) != steps:
+            raise ValueError(f"got {len(step_times)} step times for {steps} steps")
+        x_edges = np.concatenate([[0.0], np.cumsum(step_times)]) * 1e3
+        ax.set_xlabel("time since the first step started (ms)")
+    y_edges = np.arange(slots * k + 1) / k - 0.5
+    cmap = ListedColormap([SLOT_COLORS[n] for n in names])
+    ax.pcolormesh(x_edges, y_edges, grid, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, shading="flat")
+    for start in occupancy.batch_starts[1:]:
+        ax.axvline(x_edges[start], color="black", lw=0.8)
+    for boundary in range(1, slots):
+        ax.axhline(boundary - 0.5, color="white", lw=0.5)
+    ax.set_ylabel("batch slot (row)")
+    ax.set_yticks(range(slots) if slots <= 16 else np.linspace(0, slots - 1, 9).round().astype(int))
+    ax.set_xlim(x_edges[0], x_edges[-1])
+    ax.set_ylim(-0.5, slots - 0.5)
+    totals = occupancy.totals()
+    ax.set_title(title or f"Slot occupancy: {totals.useful_fraction:.0%} of {totals.computed:,} computed token "
+                          f"positions useful ({len(occupancy.batch_starts)} static batches of up to {slots})")
+    shown = [n for n in names if n != "empty" or (grid == code["empty"]).any()]
+    handles = [Patch(facecolor=SLOT_COLORS[n], edgecolor="gray", label=n if n != "empty" else "empty slot")
+               for n in shown]
+    handles.append(Line2D([], [], color="black", lw=0.8, label="a new static batch starts"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return ax
+
+
+def plot_token_breakdown(counts: Mapping[str, TokenCounts], ax: Axes | None = None, xlabel: str = "run",
+                         title: str | None = None) -> Axes:
+    """Stacked bars per run: useful, padding and idle (finished-slot) token positions computed."""
+    ax = _new_ax(ax, (8, 4))
+    labels = list(counts)
+    x = np.arange(len(labels))
+    bottom = np.zeros(len(labels))
+    parts = {"useful": "useful", "padding": "padding (prefill)", "idle": "finished slots, still computed"}
+    for field_name, label in parts.items():
+        values = np.array([getattr(c, field_name) for c in counts.values()], dtype=float)
+        ax.bar(x, values, bottom=bottom, color=WASTE_COLORS[field_name], label=label)
+        bottom += values
+    for xi, c in zip(x, counts.values()):
+        ax.annotate(f"{c.useful_fraction:.0%} useful", (xi, c.computed), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("token positions computed")
+    ax.set_ylim(top=max(bottom.max(), 1) * 1.25)  # headroom for the labels and the legend
+    ax.set_title(title or "Useful vs wasted token positions")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
+    return ax
