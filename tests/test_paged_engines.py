@@ -202,3 +202,14 @@ def test_parallel_samples_share_the_prompt_and_copy_on_write(bundled_path, engin
     assert bm.num_forked_tokens == 2 * (n_prompt - 1)  # two samples reused the parent's prompt K/V
     assert bm.num_copies >= 2  # the shared partial block was copied before being written
     assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("engine", PAGED_ENGINES)
+def test_step_stats_count_prefill_and_decode_tokens(bundled_path, engine: str) -> None:
+    llm = LLM(str(bundled_path), engine=engine)
+    prompts = story_prompts(3, seed=6)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), use_tqdm=False)
+    stats = llm.engine.step_stats
+    assert stats[0].is_prefill and stats[0].num_prefill_tokens == sum(len(o.prompt_token_ids) for o in outs)
+    assert all(not s.is_prefill and s.num_prefill_tokens == 0 for s in stats[1:])
+    assert stats[-1].kv_blocks_used > 0  # measured before the finishing sequences gave their blocks back

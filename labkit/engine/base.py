@@ -41,7 +41,7 @@ class StepStats:
     num_idle_slots: int = 0  # batch rows already finished but still computed
     is_prefill: bool = True  # whether any prompt tokens were processed this step
     num_prefill_tokens: int = 0  # prompt (or recomputed) tokens among num_computed_tokens
-    kv_blocks_used: int | None = None  # paged engines: blocks held after the step
+    kv_blocks_used: int | None = None  # paged engines: blocks held during the step (before finished ones free)
     num_preemptions: int = 0  # paged engines: preemptions so far
 
     @property

@@ -113,7 +113,9 @@ class PagedEngineBase(Engine):
         self.waiting.appendleft(seq)
 
     def _run(self, batch: ScheduledBatch, clock: StageClock, num_slots: int) -> list[Sequence]:
+        num_prefill = batch.num_prefill_tokens  # before the runner advances num_computed_tokens
         results = self.runner.run(batch, clock)
+        blocks_in_use = self.block_manager.num_used_blocks  # at the step's peak, before finished ones free theirs
         now = time.perf_counter()
         for seq, token in results:
             seq.append_token(token, now)
@@ -125,8 +127,8 @@ class PagedEngineBase(Engine):
         self.step_stats.append(StepStats(
             step=len(self.step_stats), start=clock.start, end=end, num_seqs=num_slots,
             num_computed_tokens=batch.num_batched_tokens, num_new_tokens=len(results), stage_times=clock.times,
-            num_idle_slots=num_slots - len(batch), is_prefill=batch.num_prefill_tokens > 0,
-            num_prefill_tokens=batch.num_prefill_tokens, kv_blocks_used=self.block_manager.num_used_blocks,
+            num_idle_slots=num_slots - len(batch), is_prefill=num_prefill > 0,
+            num_prefill_tokens=num_prefill, kv_blocks_used=blocks_in_use,
             num_preemptions=self.num_preemptions,
         ))
         return [seq for seq, _ in results]
