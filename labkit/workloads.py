@@ -200,8 +200,8 @@ def lognormal_lengths(
     def draw(median: int, lo: int, hi: int) -> int:
         return min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma))))
 
-    requests = [WorkloadRequest(draw(prompt_median, prompt_min, prompt_max), draw(output_median, output_min, output_max))
-                for _ in range(n)]
+    requests = [WorkloadRequest(draw(prompt_median, prompt_min, prompt_max),
+                                draw(output_median, output_min, output_max)) for _ in range(n)]
     return Workload(name=name or f"lognormal_{n}", requests=requests, seed=seed,
                     description=f"lognormal_lengths(n={n}, prompt_median={prompt_median}, "
                                 f"output_median={output_median}, sigma={sigma}, prompt_max={prompt_max}, "
@@ -211,8 +211,8 @@ def lognormal_lengths(
 
 # ---- turning lengths into requests an engine can run ----
 
-def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, num_tokens: int, seed: int) -> list[int]:
-    """Exactly ``num_tokens`` ids of in-domain text (``corpus.long_text``), starting with BOS if the tokenizer has one."""
+def prompt_ids_of_length(tokenizer: PreTrainedTokenizerBase, num_tokens: int, seed: int) -> list[int]:
+    """Exactly ``num_tokens`` ids of in-domain text (``corpus.long_text``), BOS first if the tokenizer has one."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     num_words = max(8, num_tokens)  # a word is at least one token, so this is usually enough at once
     while True:
@@ -232,7 +232,7 @@ def materialise(workload: Workload, tokenizer: PreTrainedTokenizerBase, seed: in
     rng = random.Random(seed)
     requests = []
     for r in workload.requests:
-        ids = prompt_token_ids(tokenizer, r.prompt_len, rng.randrange(2**31))
+        ids = prompt_ids_of_length(tokenizer, r.prompt_len, rng.randrange(2**31))
         text = tokenizer.decode(ids, skip_special_tokens=True)
         requests.append(dataclasses.replace(r, prompt=text, prompt_token_ids=ids))
     return dataclasses.replace(workload, requests=requests)
