@@ -18,6 +18,7 @@ from labkit.device import resolve_device, resolve_dtype
 from labkit.timing import time_fn
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+FULL_BUFFER_BYTES = {True: 2 << 30, False: 512 << 20}  # full-size probe buffers: on CUDA, elsewhere
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,9 @@ def probe(device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if dev.type == "cuda":
-        nbytes, n = (256 << 20, 2048) if smoke else (2 << 30, 8192)
+        nbytes, n = (256 << 20, 2048) if smoke else (FULL_BUFFER_BYTES[True], 8192)
     else:
-        nbytes, n = (64 << 20, 512) if smoke else (512 << 20, 2048)
+        nbytes, n = (64 << 20, 512) if smoke else (FULL_BUFFER_BYTES[False], 2048)
     read, copy = measure_bandwidth(dev, nbytes, repeats=3 if smoke else 10)
     flops = measure_matmul(dev, dt, n, repeats=3 if smoke else 10)
     return DeviceRoof(
@@ -129,5 +130,7 @@ def load_or_probe(device: str | torch.device = "auto", dtype: str | torch.dtype 
     dt = str(resolve_dtype(dtype, dev)).removeprefix("torch.")
     path = RESULTS_DIR / f"roof_{dev.type}_{dt}.json"
     if path.is_file():
-        return DeviceRoof.load(path)
+        roof = DeviceRoof.load(path)
+        if not roof.smoke and roof.buffer_bytes >= FULL_BUFFER_BYTES[dev.type == "cuda"]:
+            return roof  # ignore files written by smoke-sized probes (caches inflate their bandwidth)
     return probe(dev, dtype, smoke=smoke)

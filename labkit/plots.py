@@ -290,3 +290,61 @@ def plot_token_breakdown(counts: Mapping[str, TokenCounts], ax: Axes | None = No
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, axis="y", alpha=0.3)
     return ax
+
+
+# ---- notebook 07 (07_continuous_batching), reused in 08: requests over time ----
+
+from typing import TYPE_CHECKING  # noqa: E402  (kept with the function that needs it)
+
+if TYPE_CHECKING:
+    from labkit.serving_metrics import GanttRow
+
+GANTT_COLORS: dict[str, str] = {
+    "waiting (queued)": "#d9d9d9",
+    "prefill (until the first token)": PHASE_COLORS["prefill"],
+    "decode": PHASE_COLORS["decode"],
+    "idle slot (finished, batch still running)": "#fdae6b",
+}
+
+
+def plot_gantt(rows: Sequence[GanttRow], ax: Axes | None = None, unit: str = "step", title: str | None = None,
+               max_rows: int = 64) -> Axes:
+    """Gantt chart, one row per request (``labkit.serving_metrics.gantt_rows``), first arrival at the top.
+
+    Each row shows the request waiting in the queue, its prefill (first scheduled -> first token), its
+    decode, and, under static batching, its slot held idle after it finished until its batch ended
+    (hatched). ``unit``: "step" (engine steps; rows need step indices) or "time" (ms since the first
+    arrival). At most ``max_rows`` requests are drawn (the first to arrive).
+    """
+    if unit not in ("step", "time"):
+        raise ValueError(f"unit must be 'step' or 'time', got {unit!r}")
+    ax = _new_ax(ax, (10, 0.5 + 0.22 * min(len(rows), max_rows)))
+    shown = sorted(rows, key=lambda r: (r.arrival, r.index))[:max_rows]
+    if unit == "step" and any(r.first_scheduled_step is None for r in shown):
+        raise ValueError("these Gantt rows have no step indices; pass step_stats to gantt_rows or use unit='time'")
+    names = list(GANTT_COLORS)
+    spans: dict[str, list[tuple[int, list[tuple[float, float]]]]] = {n: [] for n in names}
+    for y, r in enumerate(shown):
+        if unit == "step":  # a step index covers [i, i + 1): a token produced in step i ends its bar at i + 1
+            edges = [r.arrival_step, r.first_scheduled_step, r.first_token_step + 1, r.finish_step + 1,  # type: ignore[operator]
+                     r.slot_release_step + 1]  # type: ignore[operator]
+        else:
+            edges = [t * 1e3 for t in (r.arrival, r.first_scheduled, r.first_token, r.finish, r.slot_release)]
+        for name, (a, b) in zip(names, zip(edges, edges[1:])):
+            if b > a:
+                spans[name].append((y, [(a, b - a)]))
+    for name in names:
+        hatch = "////" if name.startswith("idle") else None
+        for k, (y, bars) in enumerate(spans[name]):
+            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=GANTT_COLORS[name], edgecolor="white" if hatch else None,
+                           hatch=hatch, lw=0, label=name if k == 0 else None)
+    ax.set_ylim(len(shown) - 0.5, -0.5)  # first arrival on top
+    ax.set_yticks(range(len(shown)) if len(shown) <= 32 else range(0, len(shown), 4))
+    ax.set_ylabel("request (by arrival)")
+    ax.set_xlabel("engine step" if unit == "step" else "time since the first arrival (ms)")
+    ax.set_xlim(left=0)
+    ax.grid(True, axis="x", alpha=0.3)
+    if title is not None:
+        ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return ax

@@ -1,0 +1,62 @@
+"""Checkers for notebook 05 (``05_static_batching``).
+
+Task 1 mirrors ``labkit.batching.static_batch_tokens``: how many token positions one static batch
+computes, and how many of them were useful. Checked on hand-counted batches, then on random batches
+against a cell-by-cell count of the slot-occupancy grid (``labkit.batching.static_batch_occupancy``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from labkit.batching import static_batch_occupancy
+from labkit.exercises import Check, CheckResult, run_checker
+
+# (prompt_lens, output_lens) of one static batch -> (computed, useful), counted by hand:
+# computed = B x (max prompt + max output - 1); useful = sum of (prompt + output - 1).
+BATCH_CASES: list[tuple[list[int], list[int], tuple[int, int]]] = [
+    ([5], [3], (7, 7)),  # one request: nothing to pad, nobody to wait for
+    ([3, 3, 3], [2, 2, 2], (12, 12)),  # identical requests: no waste either
+    ([4, 2], [1, 3], (12, 8)),  # 2 padding positions (row 1) + 2 idle decode steps (row 0)
+    ([10, 1, 6], [1, 8, 2], (51, 25)),  # 13 padding + 13 idle: half the batch's work is waste
+    ([2, 5], [1, 1], (10, 7)),  # every output is 1 token: the prefill is the only step
+]
+
+
+def _pair(result: Any) -> tuple[Any, Any]:
+    computed, useful = result  # a tuple, a list or a NamedTuple of two
+    return computed, useful
+
+
+def check_static_batch_tokens(fn: Callable[[Sequence[int], Sequence[int]], Any], num_random: int = 25
+                              ) -> CheckResult:
+    """Task 1: ``fn(prompt_lens, output_lens)`` returns (computed, useful) token positions of one static batch."""
+
+    def body(check: Check) -> None:
+        for prompts, outputs, want in BATCH_CASES:
+            got = _pair(fn(list(prompts), list(outputs)))
+            check.expect(tuple(got) == want, f"prompt_lens={prompts}, output_lens={outputs}: "
+                         f"(computed, useful) = {tuple(got)!r}, expected {want}")
+        rng = random.Random(5)
+        for _ in range(num_random if not check.result.failures else 0):
+            n = rng.randint(1, 8)
+            prompts = [rng.randint(1, 40) for _ in range(n)]
+            outputs = [rng.randint(1, 30) for _ in range(n)]
+            totals = static_batch_occupancy(prompts, outputs, max_num_seqs=n).totals()
+            want = (totals.computed, totals.useful)
+            got = _pair(fn(list(prompts), list(outputs)))
+            check.expect(tuple(got) == want, f"prompt_lens={prompts}, output_lens={outputs}: "
+                         f"(computed, useful) = {tuple(got)!r}, expected {want} (counted slot by slot)")
+            if check.result.failures:
+                break
+
+    return run_checker(
+        "Task 1 (static_batch_tokens)",
+        "Every row runs the padded prefill (max prompt positions) and every decode step of the batch "
+        "(max output - 1 of them: the prefill already samples the first token). A request needs only its "
+        "own prompt + output - 1 positions: the last output token is sampled, never fed back. "
+        "Return (computed, useful), in that order.",
+        body,
+    )
