@@ -326,8 +326,9 @@ def plot_gantt(rows: Sequence[GanttRow], ax: Axes | None = None, unit: str = "st
     spans: dict[str, list[tuple[int, list[tuple[float, float]]]]] = {n: [] for n in names}
     for y, r in enumerate(shown):
         if unit == "step":  # a step index covers [i, i + 1): a token produced in step i ends its bar at i + 1
-            edges = [r.arrival_step, r.first_scheduled_step, r.first_token_step + 1, r.finish_step + 1,  # type: ignore[operator]
-                     r.slot_release_step + 1]  # type: ignore[operator]
+            assert r.first_token_step is not None and r.finish_step is not None and r.slot_release_step is not None
+            edges = [r.arrival_step, r.first_scheduled_step, r.first_token_step + 1, r.finish_step + 1,
+                     r.slot_release_step + 1]
         else:
             edges = [t * 1e3 for t in (r.arrival, r.first_scheduled, r.first_token, r.finish, r.slot_release)]
         for name, (a, b) in zip(names, zip(edges, edges[1:])):
