@@ -420,11 +420,12 @@ def report(command: str, hw: Hardware, roof: DeviceRoof, sizes: Sizes, model_nam
         f"moving the {bd.matmul_bytes / 1e6:.0f} MB of weight matrices: that is the ceiling for this forward pass "
         f"as written, before any other op. Everything else in the forward pass adds {ms(overhead_s)} ms per step "
         f"({overhead_s / bd.forward_s:.0%} of it).")
+    layout_gain = bd.matmul_floor_s / bd.matmul_floor_t_s
     findings.append(
         f"- Storing each weight transposed, (in, out), and computing `x @ W_t` instead of `F.linear(x, W)` changes "
-        f"the matmul floor from {ms(bd.matmul_floor_s)} to {ms(bd.matmul_floor_t_s)} ms "
-        f"({bd.matmul_floor_s / bd.matmul_floor_t_s:.2f}x): the BLAS library's GEMV kernel for one layout streams "
-        "memory faster than the other on this machine.")
+        f"the matmul floor from {ms(bd.matmul_floor_s)} to {ms(bd.matmul_floor_t_s)} ms ({layout_gain:.2f}x): "
+        + ("the BLAS library's GEMV kernel for that layout streams memory faster on this machine."
+           if layout_gain > 1.1 else "the weight layout makes little difference to the GEMV kernels here."))
     findings.append(
         f"- Attention at context {res.context_len}: labkit's call (repeat_kv copies K/V to every query head, then "
         f"SDPA with a boolean mask) costs {ms(bd.attention_labkit_s)} ms per step over "
