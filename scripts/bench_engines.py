@@ -51,6 +51,7 @@ from labkit.hardware import device_name  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
 from labkit.serving_metrics import Run, run_workload, summarize  # noqa: E402
 from labkit.tokenizer import load_tokenizer  # noqa: E402
+from bench_common import OtherLoad, md_table  # noqa: E402  (scripts/ is on sys.path)
 from labkit.workloads import (  # noqa: E402
     Workload,
     load_workload,
@@ -84,34 +85,6 @@ FULL = Sizes(workload="heterogeneous_64", max_num_seqs=16, budget=512, num_short
              short_output=128, num_long=4, long_prompt=1024, long_output=16, budgets=(128, 256, 512), repeats=3)
 SMOKE = Sizes(workload="heterogeneous_small_16", max_num_seqs=4, budget=64, num_short=3, short_prompt=16,
               short_output=24, num_long=1, long_prompt=256, long_output=4, budgets=(64,), repeats=1)
-
-
-# ---- the machine, and how busy other programs keep it ----
-
-def cpu_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU ticks of the whole machine so far (Linux /proc/stat); None elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError, IndexError):
-        return None
-    return sum(fields) - fields[3] - fields[4], sum(fields)  # minus idle and iowait
-
-
-class OtherLoad:
-    """Share of all CPUs that *other* processes kept busy since creation: they skew every timing here."""
-
-    def __init__(self) -> None:
-        self._machine = cpu_jiffies()
-        own = os.times()
-        self._own = own.user + own.system
-
-    def fraction(self) -> float | None:
-        end = cpu_jiffies()
-        if self._machine is None or end is None or end[1] <= self._machine[1]:
-            return None
-        own = os.times()
-        own_ticks = (own.user + own.system - self._own) * os.sysconf("SC_CLK_TCK")
-        return max(0.0, (end[0] - self._machine[0] - own_ticks) / (end[1] - self._machine[1]))
 
 
 @dataclass
@@ -289,10 +262,6 @@ def chunk_experiment(sizes: Sizes, device: str) -> tuple[list[ChunkRow], float, 
 
 
 # ---- report ----
-
-def md_table(headers: list[str], rows: list[list[str]]) -> str:
-    align = "|".join("---:" if i else "---" for i in range(len(headers)))
-    return "\n".join(["| " + " | ".join(headers) + " |", f"|{align}|"] + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def verdict(ok: bool) -> str:

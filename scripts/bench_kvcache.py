@@ -27,9 +27,6 @@ hardware. Timings synchronise the device before reading the clock (``StageClock`
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import statistics
 import sys
 import time
@@ -46,12 +43,14 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.cache import ContiguousKVCache  # noqa: E402
 from labkit.device import resolve_device, resolve_dtype, synchronize  # noqa: E402
-from labkit.hardware import DeviceRoof, device_name, probe  # noqa: E402
+from labkit.hardware import DeviceRoof, probe  # noqa: E402
 from labkit.model import CausalLM  # noqa: E402
 from labkit.model.attention import sdpa  # noqa: E402
 from labkit.roofline import StepCost, decode_cost, mbu  # noqa: E402
 from labkit.timing import time_fn  # noqa: E402
 from labkit.workloads import prompt_ids_of_length  # noqa: E402
+
+from bench_common import Hardware, OtherLoad, hardware, load_text, md_table  # noqa: E402  (scripts/ is on sys.path)
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "kvcache.md"
 
@@ -76,19 +75,6 @@ SMOKE = Sizes(contexts=(16, 64, 128), decode_steps=3, gen_prompt_len=8, gen_toke
 
 
 # ---- records ----
-
-@dataclass(frozen=True)
-class Hardware:
-    device: str
-    device_name: str
-    num_threads: int
-    num_cpus: int
-    torch_version: str
-    python_version: str
-    platform: str
-    date: str
-    other_cpu_load: float | None  # share of all CPUs busy just before the run (other processes skew timings)
-
 
 @dataclass(frozen=True)
 class DecodePoint:
@@ -148,53 +134,6 @@ class Breakdown:
 
 
 # ---- measurements ----
-
-def cpu_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU time of the whole machine so far, in clock ticks (Linux /proc/stat); None elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError, IndexError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-class OtherLoad:
-    """Share of all CPUs that *other* processes kept busy since ``start()``: they skew every timing here."""
-
-    def __init__(self) -> None:
-        self.start()
-
-    def start(self) -> None:
-        self._machine = cpu_jiffies()
-        own = os.times()
-        self._own = own.user + own.system
-
-    def fraction(self) -> float | None:
-        end = cpu_jiffies()
-        if self._machine is None or end is None or end[1] <= self._machine[1]:
-            return None
-        own = os.times()
-        own_ticks = (own.user + own.system - self._own) * os.sysconf("SC_CLK_TCK")
-        busy = end[0] - self._machine[0] - own_ticks
-        return max(0.0, busy / (end[1] - self._machine[1]))
-
-
-def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
-    """Share of all CPUs busy over ``seconds`` while this script sleeps (so: other processes)."""
-    load = OtherLoad()
-    time.sleep(seconds)
-    return load.fraction()
-
-
-def hardware(device: torch.device) -> Hardware:
-    return Hardware(
-        device=str(device), device_name=device_name(device), num_threads=torch.get_num_threads(),
-        num_cpus=os.cpu_count() or 1, torch_version=torch.__version__, python_version=platform.python_version(),
-        platform=f"{platform.system()} {platform.release()} {platform.machine()}",
-        date=dt.datetime.now().astimezone().isoformat(timespec="seconds"), other_cpu_load=cpu_busy_fraction(),
-    )
-
 
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -352,17 +291,6 @@ def measure_breakdown(model: CausalLM, context: int, num_steps: int) -> Breakdow
 
 
 # ---- report ----
-
-def load_text(load: float | None, when: str) -> str:
-    return f"unknown {when}" if load is None else f"{load:.0%} of all CPUs {when}"
-
-
-def md_table(headers: list[str], rows: list[list[str]]) -> str:
-    align = "|".join("---:" if i else "---" for i in range(len(headers)))  # numbers right-aligned
-    lines = ["| " + " | ".join(headers) + " |", f"|{align}|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from bench_kvcache import Hardware, hardware, md_table  # noqa: E402  (scripts/ is on sys.path)
+from bench_common import Hardware, hardware, md_table  # noqa: E402  (scripts/ is on sys.path)
 
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.cache.block_manager import BlockManager  # noqa: E402

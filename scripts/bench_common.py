@@ -1,0 +1,93 @@
+"""What the benchmark scripts share: the machine's description, other processes' CPU load, Markdown tables.
+
+Every report names the hardware it ran on and how busy other programs kept the CPUs, because on a shared
+machine that load skews every timing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
+from labkit.hardware import device_name  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Hardware:
+    device: str
+    device_name: str
+    num_threads: int
+    num_cpus: int
+    torch_version: str
+    python_version: str
+    platform: str
+    date: str
+    other_cpu_load: float | None  # share of all CPUs busy just before the run (other processes skew timings)
+
+
+
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole machine so far, in clock ticks (Linux /proc/stat); None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class OtherLoad:
+    """Share of all CPUs that *other* processes kept busy since ``start()``: they skew every timing here."""
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self._machine = cpu_jiffies()
+        own = os.times()
+        self._own = own.user + own.system
+
+    def fraction(self) -> float | None:
+        end = cpu_jiffies()
+        if self._machine is None or end is None or end[1] <= self._machine[1]:
+            return None
+        own = os.times()
+        own_ticks = (own.user + own.system - self._own) * os.sysconf("SC_CLK_TCK")
+        busy = end[0] - self._machine[0] - own_ticks
+        return max(0.0, busy / (end[1] - self._machine[1]))
+
+
+def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs busy over ``seconds`` while this script sleeps (so: other processes)."""
+    load = OtherLoad()
+    time.sleep(seconds)
+    return load.fraction()
+
+
+def hardware(device: torch.device) -> Hardware:
+    return Hardware(
+        device=str(device), device_name=device_name(device), num_threads=torch.get_num_threads(),
+        num_cpus=os.cpu_count() or 1, torch_version=torch.__version__, python_version=platform.python_version(),
+        platform=f"{platform.system()} {platform.release()} {platform.machine()}",
+        date=dt.datetime.now().astimezone().isoformat(timespec="seconds"), other_cpu_load=cpu_busy_fraction(),
+    )
+
+
+def load_text(load: float | None, when: str) -> str:
+    return f"unknown {when}" if load is None else f"{load:.0%} of all CPUs {when}"
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    align = "|".join("---:" if i else "---" for i in range(len(headers)))  # numbers right-aligned
+    lines = ["| " + " | ".join(headers) + " |", f"|{align}|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
