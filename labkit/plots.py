@@ -27,6 +27,7 @@ from labkit.request_trace import RequestTrace
 # One colour per stage, the same in every plot of the workbook.
 STAGE_COLORS: dict[str, str] = {
     "tokenize": "#8c564b",
+    "schedule": "#7f7f7f",
     "prepare": "#ff7f0e",
     "forward": "#1f77b4",
     "sample": "#2ca02c",

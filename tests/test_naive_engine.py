@@ -78,7 +78,9 @@ def test_naive_step_cost_grows_with_the_sequence(llm: LLM) -> None:
     computed = [s.num_computed_tokens for s in llm.engine.step_stats]
     n = len(out.prompt_token_ids)
     assert computed == list(range(n, n + 6))  # the whole sequence, every step
-    assert set(llm.engine.step_stats[0].stage_times) == {"prepare", "forward", "sample", "detokenize"}
+    assert set(llm.engine.step_stats[0].stage_times) == {"schedule", "prepare", "forward", "sample", "detokenize"}
+    for s in llm.engine.step_stats:  # the stages tile the step
+        assert sum(s.stage_times.values()) == pytest.approx(s.duration, rel=1e-6, abs=1e-6)
 
 
 def test_seeded_sampling_is_reproducible(llm: LLM) -> None:

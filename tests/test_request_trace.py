@@ -42,7 +42,7 @@ def test_stage_times_add_up_and_steps_are_ordered(llm: LLM) -> None:
     assert trace.tokenize_time > 0
     prev_end = trace.tokenize_time - 1e-9
     for step in trace.steps:
-        assert set(step.stage_times) == {"prepare", "forward", "sample", "detokenize"}
+        assert set(step.stage_times) == {"schedule", "prepare", "forward", "sample", "detokenize"}
         assert math.isclose(sum(step.stage_times.values()), step.duration, rel_tol=1e-6, abs_tol=1e-6)
         assert step.start >= prev_end and step.end > step.start
         prev_end = step.end

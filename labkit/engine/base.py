@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -50,19 +52,29 @@ class StepStats:
 
 
 class StageClock:
-    """Times consecutive stages of a step, synchronising the device at each boundary."""
+    """Times the stages of one step; each stage is also a named profiler range (``labkit::<stage>``).
 
-    def __init__(self, device: torch.device) -> None:
+    ``with clock.stage("forward"): ...`` times the block, synchronising the device at its end so that
+    queued kernels count in the stage that launched them. The ranges let ``torch.profiler`` traces show
+    schedule / prepare / forward / sample / detokenize for every step (notebook 10).
+    """
+
+    def __init__(self, device: torch.device, sync: bool = True) -> None:
         self.device = device
+        self.sync = sync
         self.times: dict[str, float] = {}
-        self.start = self._last = time.perf_counter()
+        self.start = self.last = time.perf_counter()
 
-    def lap(self, stage: str) -> float:
-        synchronize(self.device)
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        with torch.profiler.record_function(f"labkit::{name}"):
+            yield
+            if self.sync:
+                synchronize(self.device)
+        # Counted from the previous stage's end, so the stages of a step add up to the whole step.
         now = time.perf_counter()
-        self.times[stage] = self.times.get(stage, 0.0) + now - self._last
-        self._last = now
-        return now
+        self.times[name] = self.times.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 class Engine(ABC):
@@ -83,9 +95,13 @@ class Engine(ABC):
     @abstractmethod
     def add_request(self, seq: Sequence) -> None: ...
 
-    @abstractmethod
     def step(self) -> list[Sequence]:
         """Run one iteration; return every sequence that received a token (finished ones included)."""
+        with torch.profiler.record_function("labkit::step"):
+            return self._step()
+
+    @abstractmethod
+    def _step(self) -> list[Sequence]: ...
 
     @abstractmethod
     def has_unfinished_requests(self) -> bool: ...

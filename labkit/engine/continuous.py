@@ -84,10 +84,10 @@ class ContinuousEngine(PagedEngineBase):
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
 
-    def step(self) -> list[Sequence]:
+    def _step(self) -> list[Sequence]:
         clock = StageClock(self.device)
-        batch = self.scheduler.schedule(clock.start)
-        clock.lap("schedule")
+        with clock.stage("schedule"):
+            batch = self.scheduler.schedule(clock.start)
         if not batch.seqs:
             return []
         self.num_preemptions = self.scheduler.num_preemptions

@@ -114,35 +114,36 @@ class KVCacheEngine(Engine):
         return ids.to(self.device), positions.to(self.device), valid.to(self.device)
 
     @torch.inference_mode()
-    def step(self) -> list[Sequence]:
+    def _step(self) -> list[Sequence]:
         clock = StageClock(self.device)
+        with clock.stage("schedule"):
+            if self.batch is None and self.waiting:
+                self.batch = self._start_batch(clock.start)
         if self.batch is None:
-            if not self.waiting:
-                return []
-            self.batch = self._start_batch(clock.start)
+            return []
         batch = self.batch
         is_prefill = not batch.prefilled
-        ids, positions, valid = self._prefill_inputs(batch) if is_prefill else self._decode_inputs(batch)
-        batch.cache.begin_step(valid)
-        clock.lap("prepare")
-        hidden = self.model(ids, positions, batch.cache)  # (B, T, hidden)
-        batch.cache.end_step(ids.shape[1])
-        batch.prefilled = True
-        logits = self.model.compute_logits(hidden[:, -1])  # (B, vocab): the last column is every row's newest token
-        clock.lap("forward")
-        active = [s for s in batch.seqs if not s.is_finished]
-        rows = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
-        tokens = sample(logits[rows], [s.params for s in active], [s.generator for s in active])
-        now = clock.lap("sample")
-        for seq, token in zip(active, tokens):
-            seq.append_token(token, now)
-        num_pad = int((~valid).sum())
-        idle = len(batch.seqs) - len(active)
-        if all(s.is_finished for s in batch.seqs):
-            self.batch = None
-        end = clock.lap("detokenize")
+        with clock.stage("prepare"):
+            ids, positions, valid = self._prefill_inputs(batch) if is_prefill else self._decode_inputs(batch)
+            batch.cache.begin_step(valid)
+        with clock.stage("forward"):
+            hidden = self.model(ids, positions, batch.cache)  # (B, T, hidden)
+            batch.cache.end_step(ids.shape[1])
+            batch.prefilled = True
+            logits = self.model.compute_logits(hidden[:, -1])  # (B, vocab): the last column is every row's newest token
+        with clock.stage("sample"):
+            active = [s for s in batch.seqs if not s.is_finished]
+            rows = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
+            tokens = sample(logits[rows], [s.params for s in active], [s.generator for s in active])
+        with clock.stage("detokenize"):
+            for seq, token in zip(active, tokens):
+                seq.append_token(token, clock.last)
+            num_pad = int((~valid).sum())
+            idle = len(batch.seqs) - len(active)
+            if all(s.is_finished for s in batch.seqs):
+                self.batch = None
         self.step_stats.append(StepStats(
-            step=len(self.step_stats), start=clock.start, end=end, num_seqs=len(batch.seqs),
+            step=len(self.step_stats), start=clock.start, end=clock.last, num_seqs=len(batch.seqs),
             num_computed_tokens=ids.numel(), num_new_tokens=len(active), stage_times=clock.times,
             num_padding_tokens=num_pad, num_idle_slots=idle, is_prefill=is_prefill,
         ))

@@ -74,16 +74,16 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, clock: StageClock) -> list[tuple[Sequence, int]]:
         """One forward pass; returns (sequence, sampled token) for sequences that sample this step."""
-        self.pool.copy_blocks(batch.copies)
-        input_ids, positions, meta, logits_rows = self.prepare(batch)
-        clock.lap("prepare")
-        hidden = self.model(input_ids, positions, PagedAttention(self.pool, meta))  # (1, N, hidden)
-        samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == s.num_tokens]
-        logits = self.model.compute_logits(hidden[0, logits_rows]) if logits_rows else None  # (n_sampled, vocab)
-        clock.lap("forward")
-        tokens = sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if logits is not None else []
-        clock.lap("sample")
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
+        with clock.stage("prepare"):
+            self.pool.copy_blocks(batch.copies)
+            input_ids, positions, meta, logits_rows = self.prepare(batch)
+        with clock.stage("forward"):
+            hidden = self.model(input_ids, positions, PagedAttention(self.pool, meta))  # (1, N, hidden)
+            logits = self.model.compute_logits(hidden[0, logits_rows]) if logits_rows else None  # (n_sampled, vocab)
+        with clock.stage("sample"):
+            samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == s.num_tokens]
+            tokens = sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if logits is not None else []
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
         return list(zip(samplers, tokens))

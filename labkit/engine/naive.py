@@ -52,32 +52,33 @@ class NaiveEngine(Engine):
         return None
 
     @torch.inference_mode()
-    def step(self) -> list[Sequence]:
+    def _step(self) -> list[Sequence]:
         clock = StageClock(self.device)
+        with clock.stage("schedule"):
+            if self.running is None and self.waiting:
+                self.running = self.waiting.popleft()
+                self.running.status = SequenceStatus.RUNNING
+                self.running.metrics.first_scheduled_time = clock.start
         if self.running is None:
-            if not self.waiting:
-                return []
-            self.running = self.waiting.popleft()
-            self.running.status = SequenceStatus.RUNNING
-            self.running.metrics.first_scheduled_time = clock.start
+            return []
         seq = self.running
         is_prefill = seq.num_output_tokens == 0
-        # The whole sequence, every time: this is what the KV cache will remove.
-        ids = torch.tensor([seq.token_ids], dtype=torch.long, device=self.device)  # (1, T)
-        positions = torch.arange(ids.shape[1], device=self.device)[None]  # (1, T)
-        clock.lap("prepare")
-        hidden = self.model(ids, positions)  # (1, T, hidden)
-        logits = self.model.compute_logits(hidden[:, -1])  # (1, vocab): only the last position is needed
-        clock.lap("forward")
-        token = sample(logits, [seq.params], [seq.generator])[0]
-        now = clock.lap("sample")
-        seq.append_token(token, now)
-        if seq.is_finished:
-            self.running = None
-        end = clock.lap("detokenize")
+        with clock.stage("prepare"):
+            # The whole sequence, every time: this is what the KV cache will remove.
+            ids = torch.tensor([seq.token_ids], dtype=torch.long, device=self.device)  # (1, T)
+            positions = torch.arange(ids.shape[1], device=self.device)[None]  # (1, T)
+        with clock.stage("forward"):
+            hidden = self.model(ids, positions)  # (1, T, hidden)
+            logits = self.model.compute_logits(hidden[:, -1])  # (1, vocab): only the last position is needed
+        with clock.stage("sample"):
+            token = sample(logits, [seq.params], [seq.generator])[0]
+        with clock.stage("detokenize"):
+            seq.append_token(token, clock.last)
+            if seq.is_finished:
+                self.running = None
         self.step_stats.append(
             StepStats(
-                step=len(self.step_stats), start=clock.start, end=end, num_seqs=1,
+                step=len(self.step_stats), start=clock.start, end=clock.last, num_seqs=1,
                 num_computed_tokens=ids.shape[1], num_new_tokens=1, stage_times=clock.times,
                 is_prefill=is_prefill,
             )

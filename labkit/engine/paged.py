@@ -37,6 +37,11 @@ class PagedConfig(EngineConfig):
     gpu_memory_utilization: float = 0.9  # on CUDA: share of free memory the pool may take
     enable_prefix_caching: bool = False
     debug_checks: bool = False  # check the block manager's invariants after every step
+    # Host-side options (notebook 10). "loop" is the per-token Python input preparation it starts from.
+    prepare_inputs: str = "vectorized"
+    enforce_eager: bool = True  # False: capture decode steps as CUDA graphs and replay them (CUDA only)
+    cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch-size buckets
+    async_scheduling: bool = False  # schedule step N+1 on the host while the device runs step N (CUDA only)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "block_size"):
@@ -49,6 +54,12 @@ class PagedConfig(EngineConfig):
             raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.prepare_inputs not in ("loop", "vectorized"):
+            raise ValueError(f"prepare_inputs must be 'loop' or 'vectorized', got {self.prepare_inputs!r}")
+        sizes = tuple(self.cuda_graph_sizes)
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+            raise ValueError(f"cuda_graph_sizes must be positive ints, got {self.cuda_graph_sizes!r}")
+        self.cuda_graph_sizes = tuple(sorted(set(sizes)))
 
 
 def pool_num_blocks(model: CausalLM, config: PagedConfig) -> int:
@@ -79,6 +90,11 @@ class PagedEngineBase(Engine):
 
     def __init__(self, model: CausalLM, config: EngineConfig) -> None:
         super().__init__(model, config)
+        for option, wanted in (("enforce_eager=False", not self.config.enforce_eager),
+                               ("async_scheduling=True", self.config.async_scheduling)):
+            if wanted and model.device.type != "cuda":
+                raise ValueError(f"{option} needs a CUDA device (it hides GPU launch and host overhead); this "
+                                 f"engine runs on {model.device.type}. Notebook 10 shows the CPU-side fixes instead.")
         self.num_blocks = pool_num_blocks(model, self.config)
         self.pool = PagedKVPool(model.config, self.num_blocks, self.config.block_size, model.device, model.dtype)
         self.block_manager = BlockManager(self.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
@@ -116,16 +132,15 @@ class PagedEngineBase(Engine):
         num_prefill = batch.num_prefill_tokens  # before the runner advances num_computed_tokens
         results = self.runner.run(batch, clock)
         blocks_in_use = self.block_manager.num_used_blocks  # at the step's peak, before finished ones free theirs
-        now = time.perf_counter()
-        for seq, token in results:
-            seq.append_token(token, now)
-            if seq.is_finished:
-                self._finish(seq)
-        end = clock.lap("detokenize")
+        with clock.stage("detokenize"):
+            for seq, token in results:
+                seq.append_token(token, clock.last)
+                if seq.is_finished:
+                    self._finish(seq)
         if self.config.debug_checks:
             self.block_manager.check_invariants(self.live_sequences())
         self.step_stats.append(StepStats(
-            step=len(self.step_stats), start=clock.start, end=end, num_seqs=num_slots,
+            step=len(self.step_stats), start=clock.start, end=clock.last, num_seqs=num_slots,
             num_computed_tokens=batch.num_batched_tokens, num_new_tokens=len(results), stage_times=clock.times,
             num_idle_slots=num_slots - len(batch), is_prefill=num_prefill > 0,
             num_prefill_tokens=num_prefill, kv_blocks_used=blocks_in_use,
@@ -198,12 +213,24 @@ class PagedEngine(PagedEngineBase):
             self.batch.append(seq)
             self.running.append(seq)
 
-    def step(self) -> list[Sequence]:
+    def _step(self) -> list[Sequence]:
         clock = StageClock(self.device)
+        with clock.stage("schedule"):
+            batch = self._schedule(clock.start)
+        if batch is None:
+            return []
+        done = self._run(batch, clock, len(self.batch))
+        self.running = [s for s in self.running if not s.is_finished]
+        if not self.running:
+            self.batch = []
+        return done
+
+    def _schedule(self, now: float) -> ScheduledBatch | None:
+        """Rows of the static batch that compute this step (admitting a new batch when the last one is done)."""
         if not self.batch:
-            self._admit(clock.start)
+            self._admit(now)
             if not self.batch:
-                return []
+                return None
         bm = self.block_manager
         scheduled: list[Sequence] = []
         num_new: list[int] = []
@@ -228,11 +255,5 @@ class PagedEngine(PagedEngineBase):
             scheduled.append(seq)
             num_new.append(n)
         if not scheduled:
-            return []
-        batch = ScheduledBatch(scheduled, num_new, copies)
-        slots = len(self.batch)
-        done = self._run(batch, clock, slots)
-        self.running = [s for s in self.running if not s.is_finished]
-        if not self.running:
-            self.batch = []
-        return done
+            return None
+        return ScheduledBatch(scheduled, num_new, copies)
