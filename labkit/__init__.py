@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from labkit.engine import ENGINES  # noqa: E402
-from labkit.llm import LLM  # noqa: E402
+from labkit.llm import LLM, RequestFailedError  # noqa: E402
 from labkit.metrics import RequestMetrics, compute_latencies  # noqa: E402
 from labkit.model import PRESETS, ModelConfig  # noqa: E402
 from labkit.model.source import BUNDLED_MODEL  # noqa: E402
@@ -23,6 +23,7 @@ __all__ = [
     "PRESETS",
     "CompletionOutput",
     "ModelConfig",
+    "RequestFailedError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import random
 import time
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Iterable, Iterator, Sequence as Seq
 from pathlib import Path
 
 import torch
@@ -22,12 +23,13 @@ from tqdm.auto import tqdm
 from labkit.detokenizer import IncrementalDetokenizer
 from labkit.device import resolve_device, resolve_dtype
 from labkit.engine import ENGINES, Engine
+from labkit.engine.base import StepFailedError
 from labkit.metrics import RequestMetrics
 from labkit.model import CausalLM, load_checkpoint, random_model
 from labkit.model.source import BUNDLED_MODEL, ModelSource, resolve_model_source
 from labkit.outputs import CompletionOutput, RequestOutput
 from labkit.sampling_params import SamplingParams
-from labkit.sequence import Sequence, SequenceStatus
+from labkit.sequence import FinishReason, Sequence, SequenceStatus
 from labkit.tokenizer import SafeDecoder, load_tokenizer
 
 Prompt = str | list[int]
@@ -44,6 +46,28 @@ def generation_eos_ids(source: ModelSource) -> frozenset[int]:
 def default_engine() -> str:
     """The most advanced engine built so far (the last in teaching order)."""
     return list(ENGINES)[-1]
+
+
+def is_token_id(value: object) -> bool:
+    """An int (or numpy/torch-style integer scalar), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+class RequestFailedError(RuntimeError):
+    """Some requests of a ``generate`` (or ``stream``) call failed inside an engine step; the others completed.
+
+    ``outputs`` holds every request's ``RequestOutput`` in prompt order: failed completions have
+    ``finish_reason == "error"`` and an ``error`` message. ``failed`` lists (prompt index, message).
+    The exception is chained (``__cause__``) to the first failure, so its traceback shows where it happened.
+    Introduced in notebook 01 (``01_anatomy_of_a_request``).
+    """
+
+    def __init__(self, outputs: list[RequestOutput], failed: list[tuple[int, str]]) -> None:
+        shown = "; ".join(f"prompt {i}: {msg}" for i, msg in failed[:3]) + ("; ..." if len(failed) > 3 else "")
+        super().__init__(f"{len(failed)} of {sum(len(o.outputs) for o in outputs)} sequences failed ({shown}); "
+                         "the others completed: every result is in this error's .outputs")
+        self.outputs = outputs
+        self.failed = failed
 
 
 class LLM:
@@ -92,9 +116,9 @@ class LLM:
         limit = self.model_config.max_position_embeddings
         if config.max_model_len is None:
             config.max_model_len = limit
-        elif not 1 < config.max_model_len <= limit:
+        elif not is_token_id(config.max_model_len) or not 1 < config.max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [2, {limit}] (the model's max_position_embeddings), "
-                             f"got {config.max_model_len}")
+                             f"got {config.max_model_len!r}")
         self.max_model_len: int = config.max_model_len
         self.engine_name = engine
         self.engine: Engine = engine_cls(self.model, config)
@@ -115,17 +139,20 @@ class LLM:
         if isinstance(prompt, str):
             if prompt == "":
                 raise ValueError(f"prompt {index} is empty; give at least one character or token id")
-            return list(self.tokenizer.encode(prompt))
+            ids = list(self.tokenizer.encode(prompt))
+            if not ids:
+                raise ValueError(f"prompt {index} ({len(prompt)} characters) encodes to no tokens")
+            return ids
         if isinstance(prompt, (list, tuple)):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {index} is an empty token list; give at least one token id")
             vocab = self.model_config.vocab_size
             for t in prompt:
-                if isinstance(t, bool) or not isinstance(t, int):
+                if not is_token_id(t):
                     raise TypeError(f"prompt {index}: token ids must be ints, got {type(t).__name__} {t!r}")
                 if not 0 <= t < vocab:
                     raise ValueError(f"prompt {index}: token id {t} is outside the vocabulary [0, {vocab})")
-            return list(prompt)
+            return [int(t) for t in prompt]
         raise TypeError(f"prompt {index} must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def _check_lengths(self, ids: list[int], params: SamplingParams, index: int) -> None:
@@ -146,6 +173,7 @@ class LLM:
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling params {i} must be a SamplingParams, got {type(p).__name__}")
+            p.verify()  # again: its fields may have been changed since it was made
             ids = self.encode(prompt, i)
             self._check_lengths(ids, p, i)
             encoded.append(ids)
@@ -172,13 +200,18 @@ class LLM:
     @staticmethod
     def _broadcast(prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None
                    ) -> tuple[list[Prompt], list[SamplingParams]]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and is_token_id(prompts[0])):
             prompts = [prompts]  # type: ignore[list-item]
+        if isinstance(prompts, (bytes, dict)) or not isinstance(prompts, Iterable):
+            raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; "
+                            f"got {type(prompts).__name__}")
         prompts = list(prompts)  # type: ignore[arg-type]
         if params is None:
             params = SamplingParams()
         if isinstance(params, SamplingParams):
             return prompts, [params] * len(prompts)
+        if isinstance(params, (str, bytes, dict)) or not isinstance(params, Iterable):
+            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(params).__name__}")
         params = list(params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one, or one per prompt")
@@ -197,13 +230,26 @@ class LLM:
 
         ``arrival_times`` (seconds after the call, one per prompt) replay traffic: a request joins the
         engine only once its time has come, and its metrics count from that arrival.
+
+        If an engine step fails, only the requests in that step fail; the others run to completion, and
+        then ``RequestFailedError`` is raised with every result in its ``outputs`` (failed completions
+        have ``finish_reason == "error"``). A KeyboardInterrupt (the notebook's ■) aborts this call's
+        requests, frees their KV memory and propagates: the next cell can use the engine at once.
         """
         start = time.perf_counter()  # requests arrive before they are tokenized, as in vLLM
         prompts, params = self._broadcast(prompts, sampling_params)
         offsets = self._check_arrivals(arrival_times, len(prompts))
         groups = self._make_sequences(prompts, params, start)
         self._run(groups, offsets, start, use_tqdm)
-        return [self._to_output(g) for g in groups]
+        outputs = [self._to_output(g) for g in groups]
+        self._raise_if_failed(groups, outputs)
+        return outputs
+
+    @staticmethod
+    def _raise_if_failed(groups: list[list[Sequence]], outputs: list[RequestOutput]) -> None:
+        failed = [(i, s) for i, g in enumerate(groups) for s in g if s.finish_reason == FinishReason.ERROR]
+        if failed:
+            raise RequestFailedError(outputs, [(i, s.error or "") for i, s in failed]) from failed[0][1].error_cause
 
     @staticmethod
     def _check_arrivals(arrival_times: Seq[float] | None, n: int) -> list[float]:
@@ -236,24 +282,33 @@ class LLM:
         return self.engine.step()
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield the new text of one request as its tokens are produced."""
+        """Yield the new text of one request as its tokens are produced.
+
+        Closing the generator early (``break``, an exception, a KeyboardInterrupt) aborts the request
+        and frees its KV memory. If its engine step fails, ``RequestFailedError`` is raised.
+        """
         if sampling_params is not None and sampling_params.n != 1:
-            raise ValueError("stream takes n=1")
+            raise ValueError(f"stream takes n=1 (one sequence), got n={sampling_params.n}; use generate for n > 1")
         (seq,) = self.add_request(prompt, sampling_params)
         try:
             while not seq.is_finished:
-                self.engine.step()
+                try:
+                    self.engine.step()
+                except StepFailedError:
+                    pass  # ours is finished with reason "error" if it was in the failed step; checked below
                 delta = seq.detokenizer.pop_delta(seq.is_finished)
                 if delta:
                     yield delta
         finally:
             if not seq.is_finished:  # the consumer stopped early (break, exception, interrupt)
                 self.engine.abort_request(seq.seq_id)
+        self._raise_if_failed([[seq]], [self._to_output([seq])])
 
     def _run(self, groups: list[list[Sequence]], offsets: list[float], start: float, use_tqdm: bool) -> None:
         # Requests join in arrival order; ties keep prompt order (FCFS).
         pending = sorted(((t, i) for i, t in enumerate(offsets)), reverse=True)
         total = sum(len(g) for g in groups)
+        mine = {id(s) for g in groups for s in g}
         try:
             with tqdm(total=total, desc=f"{self.engine_name}", unit="req", disable=not use_tqdm) as bar:
                 while pending or self.engine.has_unfinished_requests():
@@ -266,11 +321,17 @@ class LLM:
                     if not self.engine.has_unfinished_requests():
                         time.sleep(max(0.0, start + pending[-1][0] - time.perf_counter()))  # idle until the next arrival
                         continue
-                    done = sum(s.is_finished for s in self.engine.step())
-                    bar.update(done)
+                    try:
+                        stepped = self.engine.step()
+                    except StepFailedError as exc:  # its sequences are finished ("error"); the rest carry on
+                        stepped = exc.failed
+                    bar.update(sum(s.is_finished and id(s) in mine for s in stepped))
         except BaseException:
-            # An error or a KeyboardInterrupt mid-run must not leave requests behind in the engine.
-            self.engine.abort_all()
+            # An interrupt (or any error) mid-run must not leave this call's requests in the engine.
+            for group in groups:
+                for seq in group:
+                    if not seq.is_finished:
+                        self.engine.abort_request(seq.seq_id)
             raise
 
     def _to_output(self, group: list[Sequence]) -> RequestOutput:
@@ -279,6 +340,7 @@ class LLM:
             CompletionOutput(
                 index=j, text=s.text, token_ids=list(s.output_token_ids),
                 finish_reason=s.finish_reason.value if s.finish_reason else None, stop_reason=s.stop_reason,
+                error=s.error,
             )
             for j, s in enumerate(group)
         ]

@@ -9,13 +9,15 @@ from labkit.metrics import RequestMetrics
 
 @dataclass
 class CompletionOutput:
-    """One generated continuation. ``finish_reason`` is "stop" (EOS, stop token or string) or "length"."""
+    """One generated continuation. ``finish_reason`` is "stop" (EOS, stop token or string) or "length";
+    "abort" if it was dropped, "error" if the engine step running it failed (``error`` says why)."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: str | int | None = None
+    error: str | None = None
 
 
 @dataclass

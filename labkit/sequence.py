@@ -23,9 +23,10 @@ class SequenceStatus(Enum):
 
 
 class FinishReason(str, Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the context (max_model_len) is used up
+    ABORT = "abort"  # the caller dropped it (abort_request, a closed stream, an interrupted cell)
+    ERROR = "error"  # the engine step that ran it raised; ``Sequence.error`` says what happened
 
 
 @dataclass
@@ -51,6 +52,8 @@ class Sequence:
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache (no prefill needed)
     num_preemptions: int = 0
     parent: Sequence | None = None  # parallel sampling (n > 1): the sample whose prompt K/V this one shares
+    error: str | None = None  # why it failed (finish_reason ERROR)
+    error_cause: BaseException | None = field(default=None, repr=False)  # the exception, for tracebacks
 
     @property
     def token_ids(self) -> list[int]:
@@ -109,6 +112,12 @@ class Sequence:
 
     def abort(self, now: float) -> None:
         self._finish(FinishReason.ABORT, None, now)
+
+    def fail(self, cause: BaseException, step: int, now: float) -> None:
+        """Finish with reason ERROR because engine step ``step`` raised ``cause`` while running this sequence."""
+        self.error = f"engine step {step} failed: {type(cause).__name__}: {cause}"
+        self.error_cause = cause
+        self._finish(FinishReason.ERROR, None, now)
 
     def _finish(self, reason: FinishReason, stop_reason: str | int | None, now: float) -> None:
         self.status = SequenceStatus.FINISHED

@@ -1,11 +1,17 @@
-"""Shared fixtures: the bundled model, tiny random Llama/Qwen2/Qwen3 checkpoints, and their references."""
+"""Shared fixtures: the bundled model, tiny random Llama/Qwen2/Qwen3 checkpoints, and their references.
+
+Every test runs its paged engines in debug mode (``LABKIT_DEBUG_CHECKS=1``: the block manager's books
+are checked after every step), and every engine a test creates must give all its KV memory back: after
+the test (or, for an engine made by a module-scoped fixture, after the module) its unfinished requests
+are aborted and every block must be free, with the books balanced.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,6 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
+from labkit.llm import LLM  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
 from labkit.tokenizer import load_tokenizer  # noqa: E402
 
@@ -41,7 +48,69 @@ RANDOM_KINDS: dict[str, Callable[[int], object]] = {
 
 @pytest.fixture(autouse=True, scope="session")
 def _threads() -> None:
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    # LABKIT_TEST_THREADS=1 avoids oversubscription when several test runs share a small machine.
+    torch.set_num_threads(int(os.environ.get("LABKIT_TEST_THREADS", "0")) or min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _debug_checks() -> Iterator[None]:
+    """Paged engines check the block manager's invariants after every step (set per module, before any
+    module-scoped fixture builds an engine, and unset afterwards so notebooks run at normal speed)."""
+    old = os.environ.get("LABKIT_DEBUG_CHECKS")
+    os.environ["LABKIT_DEBUG_CHECKS"] = "1"
+    yield
+    if old is None:
+        del os.environ["LABKIT_DEBUG_CHECKS"]
+    else:
+        os.environ["LABKIT_DEBUG_CHECKS"] = old
+
+
+def assert_memory_returned(llms: list[LLM]) -> None:
+    """Abort whatever each engine still runs, then every KV block must be free and the books balanced."""
+    for llm in llms:
+        engine = llm.engine
+        engine.abort_all()
+        assert not engine.has_unfinished_requests(), f"{llm!r} still has requests after abort_all"
+        bm = getattr(engine, "block_manager", None)
+        if bm is not None:
+            assert bm.num_free_blocks == bm.num_blocks, (
+                f"{llm!r} still holds {bm.num_used_blocks} of {bm.num_blocks} KV blocks with no request left")
+            bm.check_invariants([])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _created_llms() -> Iterator[list[LLM]]:
+    """Every ``LLM`` built during the session (by wrapping ``LLM.__init__``), for the checks below."""
+    created: list[LLM] = []
+    original = LLM.__init__
+
+    @functools.wraps(original)
+    def init(self: LLM, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        created.append(self)
+
+    LLM.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield created
+    finally:
+        LLM.__init__ = original  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_llms_return_memory(_created_llms: list[LLM]) -> Iterator[None]:
+    yield  # torn down after the module's own fixtures: their engines are idle (or stopped) by now
+    llms = list(_created_llms)
+    _created_llms.clear()
+    assert_memory_returned(llms)
+
+
+@pytest.fixture(autouse=True)
+def _test_llms_return_memory(_created_llms: list[LLM]) -> Iterator[None]:
+    before = len(_created_llms)  # engines of module-scoped fixtures come before: checked after the module
+    yield
+    llms = _created_llms[before:]
+    del _created_llms[before:]
+    assert_memory_returned(llms)
 
 
 @pytest.fixture(scope="session")

@@ -58,6 +58,24 @@ def test_a_bad_request_stops_the_batch_before_any_work(llm: LLM) -> None:
         ({"n": 0}, ValueError, "n must be >= 1, got 0"),
         ({"stop": [""]}, ValueError, "stop strings must be non-empty"),
         ({"seed": "42"}, TypeError, "seed must be an int or None, got str"),
+        ({"seed": 1.5}, TypeError, "seed must be an int or None, got float 1.5"),
+        ({"seed": -1}, ValueError, r"seed must be in \[0, 9223372036854775807\] .*got -1"),
+        ({"seed": 2**63 - 1, "n": 2}, ValueError, r"seed must be in \[0, 9223372036854775806\] \(n=2 samples"),
+        ({"temperature": float("nan")}, ValueError, "temperature must be >= 0 .*finite, got nan"),
+        ({"temperature": float("inf")}, ValueError, "temperature must be >= 0 .*finite, got inf"),
+        ({"temperature": 1e-9}, ValueError, r"temperature must be 0 \(greedy\) or >= 1e-05, got 1e-09"),
+        ({"temperature": "hot"}, TypeError, "temperature must be a number, got str 'hot'"),
+        ({"top_p": float("nan")}, ValueError, r"top_p must be in \(0, 1\], got nan"),
+        ({"top_k": 2.5}, ValueError, "top_k must be -1 .*got 2.5"),
+        ({"n": 1.0}, TypeError, "n must be an int, got float 1.0"),
+        ({"max_tokens": True}, TypeError, "max_tokens must be an int, got bool True"),
+        ({"stop": [3]}, ValueError, "stop strings must be non-empty strings, got 3"),
+        ({"stop": 3}, TypeError, "stop must be a list, got int 3"),
+        ({"stop_token_ids": [-1]}, ValueError, "stop_token_ids must be non-negative ints, got -1"),
+        ({"stop_token_ids": 7}, TypeError, "stop_token_ids must be a list, got int 7"),
+        ({"ignore_eos": 1}, TypeError, "ignore_eos must be True or False, got 1"),
+        ({"skip_special_tokens": None}, TypeError, "skip_special_tokens must be True or False, got None"),
+        ({"max_token": 5}, TypeError, r"SamplingParams got unknown option\(s\) max_token; it accepts: n, "),
     ],
 )
 def test_sampling_params_are_checked(kwargs: dict, error: type[Exception], message: str) -> None:
@@ -86,3 +104,12 @@ def test_unknown_device_is_named(bundled_path) -> None:
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="CUDA is not available"):
         LLM(str(bundled_path), engine="naive", device="cuda")
+
+
+def test_sampling_params_are_checked_again_when_used(llm: LLM) -> None:
+    """Fields can be changed after construction; LLM re-checks them before any work."""
+    params = SamplingParams(max_tokens=2)
+    params.top_p = 0.0
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 0.0"):
+        llm.generate("good", params, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()

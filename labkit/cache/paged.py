@@ -57,49 +57,118 @@ class PagedAttentionMetadata:
     context_lens: list[int]  # tokens of each sequence in the cache after this step (cached + new)
     block_tables: list[list[int]]
     slot_mapping: torch.Tensor  # (N,) pool slot of each new token
+    block_table_tensor: torch.Tensor | None = None  # (B, max_blocks) the tables padded with block 0, if prebuilt
 
     @property
     def is_decode_only(self) -> bool:
         return all(n == 1 for n in self.query_lens)
 
 
+def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
+                     context_lens: torch.Tensor) -> torch.Tensor:
+    """One new token per sequence, batched: q (B, n_heads, d) -> (B, n_heads, d).
+
+    Shapes depend only on B and the table width, never on the data, so a CUDA graph can replay it.
+    """
+    keys = k_pool[tables].flatten(1, 2)  # (B, S, n_kv, d): gather each sequence's blocks
+    values = v_pool[tables].flatten(1, 2)
+    k_pos = torch.arange(keys.shape[1], device=q.device)  # (S,)
+    mask = (k_pos[None, :] < context_lens[:, None])[:, None, None, :]  # (B, 1, 1, S): padding blocks masked out
+    return sdpa(q[:, None], keys, values, mask=mask, is_causal=False)[:, 0]  # (B, n_heads, d)
+
+
+@dataclass
+class PrefillSlice:
+    """One prefill (chunk) of a ragged step: where its new tokens sit and what it attends to."""
+
+    start: int  # index of its first new token in the step's N tokens
+    num_new: int
+    context_len: int  # cached + new tokens
+    table: torch.Tensor | None = None  # block ids holding the context; None when nothing was cached before
+    mask: torch.Tensor | None = None  # (num_new, context_len) causal over cache + new
+
+
+class DecodeOnlyAttention:
+    """``AttentionBackend`` for a decode step held entirely in tensors (no Python lists), so that a CUDA
+    graph can capture it once and replay it with new contents in the same buffers. Notebook 10."""
+
+    def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, tables: torch.Tensor,
+                 context_lens: torch.Tensor) -> None:
+        self.pool = pool
+        self.slot_mapping = slot_mapping  # (B,)
+        self.tables = tables  # (B, max_blocks)
+        self.context_lens = context_lens  # (B,)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (1, B, n_heads, d); k, v: (1, B, n_kv_heads, d)
+        k_pool, v_pool = self.pool.k[layer_idx], self.pool.v[layer_idx]
+        k_pool.flatten(0, 1)[self.slot_mapping] = k[0]
+        v_pool.flatten(0, 1)[self.slot_mapping] = v[0]
+        return decode_attention(q[0], k_pool, v_pool, self.tables, self.context_lens)[None]
+
+
 class PagedAttention:
-    """``AttentionBackend`` over a ``PagedKVPool`` for one step's ragged batch. Notebook 06."""
+    """``AttentionBackend`` over a ``PagedKVPool`` for one step's ragged batch. Notebook 06.
+
+    Sequences with one new token (decodes) attend together in one batched call; each prefill (chunk)
+    attends on its own to its cached prefix plus its new tokens, causally. Everything that only depends
+    on the step (block-table tensors, masks) is built once here and reused by every layer.
+    """
 
     def __init__(self, pool: PagedKVPool, meta: PagedAttentionMetadata) -> None:
         self.pool = pool
         self.meta = meta
         self.block_size = pool.block_size
-        if meta.is_decode_only:  # precompute once per step, reused by every layer
-            max_blocks = max(len(bt) for bt in meta.block_tables)
-            tables = [bt + [0] * (max_blocks - len(bt)) for bt in meta.block_tables]  # pad with any valid block
-            self.tables = torch.tensor(tables, device=pool.device)  # (B, max_blocks)
-            k_pos = torch.arange(max_blocks * self.block_size, device=pool.device)  # (S,)
-            lens = torch.tensor(meta.context_lens, device=pool.device)[:, None]  # (B, 1)
-            self.decode_mask = (k_pos[None, :] < lens)[:, None, None, :]  # (B, 1, 1, S)
-
-    def _gather(self, pool: torch.Tensor, block_table: list[int], length: int) -> torch.Tensor:
-        """One sequence's first ``length`` cached K (or V): (length, n_kv_heads, head_dim)."""
-        blocks = pool[torch.tensor(block_table, device=pool.device)]  # (n_blocks, block_size, n_kv, d)
-        return blocks.flatten(0, 1)[:length]
+        device = pool.device
+        starts = [0]
+        for n in meta.query_lens:
+            starts.append(starts[-1] + n)
+        self.num_tokens = starts[-1]
+        decode_rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
+        self.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)
+        self.decode_tables: torch.Tensor | None = None
+        if decode_rows:
+            if meta.block_table_tensor is not None:
+                tables = meta.block_table_tensor[decode_rows] if len(decode_rows) < len(meta.query_lens) \
+                    else meta.block_table_tensor
+            else:
+                width = max(len(meta.block_tables[i]) for i in decode_rows)
+                tables = torch.tensor([meta.block_tables[i] + [0] * (width - len(meta.block_tables[i]))
+                                       for i in decode_rows], dtype=torch.long, device=device)  # pad: any block
+            self.decode_tables = tables  # (B_decode, max_blocks)
+            self.decode_lens = torch.tensor([meta.context_lens[i] for i in decode_rows], device=device)  # (B_decode,)
+        self.prefills: list[PrefillSlice] = []
+        for i, n in enumerate(meta.query_lens):
+            if n == 1:
+                continue
+            ctx = meta.context_lens[i]
+            if ctx == n:  # nothing cached before this chunk
+                self.prefills.append(PrefillSlice(starts[i], n, ctx))
+                continue
+            table = torch.tensor(meta.block_tables[i][: -(-ctx // self.block_size)], dtype=torch.long, device=device)
+            q_pos = torch.arange(ctx - n, ctx, device=device)[:, None]  # new tokens sit at the end
+            mask = torch.arange(ctx, device=device)[None, :] <= q_pos  # (n, ctx): causal over cache + new
+            self.prefills.append(PrefillSlice(starts[i], n, ctx, table, mask))
+        self.only_decodes = not self.prefills
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (1, N, n_heads, d); k, v: (1, N, n_kv_heads, d) -- every sequence's new tokens, concatenated
         k_pool, v_pool = self.pool.k[layer_idx], self.pool.v[layer_idx]
         k_pool.flatten(0, 1)[self.meta.slot_mapping] = k[0]  # write new K/V into their slots
         v_pool.flatten(0, 1)[self.meta.slot_mapping] = v[0]
-        if self.meta.is_decode_only:
-            b = len(self.meta.query_lens)
-            keys = k_pool[self.tables].flatten(1, 2)  # (B, S, n_kv, d): gather each sequence's blocks
-            values = v_pool[self.tables].flatten(1, 2)
-            out = sdpa(q[0][:, None], keys, values, mask=self.decode_mask, is_causal=False)  # (B, 1, n_heads, d)
-            return out.reshape(1, b, *out.shape[2:])
-        outs, start = [], 0
-        for n, ctx, table in zip(self.meta.query_lens, self.meta.context_lens, self.meta.block_tables):
-            keys = self._gather(k_pool, table, ctx)[None]  # (1, ctx, n_kv, d)
-            values = self._gather(v_pool, table, ctx)[None]
-            q_pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]  # new tokens sit at the end
-            mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos  # (n, ctx): causal over cache + new
-            outs.append(sdpa(q[:, start : start + n], keys, values, mask=mask, is_causal=False))
-            start += n
-        return torch.cat(outs, dim=1)  # (1, N, n_heads, d)
+        if self.only_decodes:
+            assert self.decode_tables is not None
+            return decode_attention(q[0], k_pool, v_pool, self.decode_tables, self.decode_lens)[None]
+        out = torch.empty_like(q)  # (1, N, n_heads, d)
+        if self.decode_tables is not None:
+            out[0, self.decode_token_idx] = decode_attention(
+                q[0, self.decode_token_idx], k_pool, v_pool, self.decode_tables, self.decode_lens)
+        for p in self.prefills:
+            new = slice(p.start, p.start + p.num_new)
+            if p.table is None:  # its own K/V are all it attends to: plain causal attention, no gather
+                out[:, new] = sdpa(q[:, new], k[:, new], v[:, new], mask=None, is_causal=True)
+                continue
+            keys = k_pool[p.table].flatten(0, 1)[None, : p.context_len]  # (1, ctx, n_kv, d)
+            values = v_pool[p.table].flatten(0, 1)[None, : p.context_len]
+            out[:, new] = sdpa(q[:, new], keys, values, mask=p.mask, is_causal=False)
+        return out

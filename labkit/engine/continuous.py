@@ -8,7 +8,6 @@ decodes beside it (notebook 08, ``08_chunked_prefill``). ``chunked`` is ``LLM``'
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from labkit.engine.base import StageClock
@@ -52,11 +51,14 @@ class ContinuousEngine(PagedEngineBase):
         super().validate(seq)
         if self.enable_chunked_prefill:
             return
-        budget = seq.params.max_tokens if seq.params.max_tokens is not None else seq.max_model_len - seq.num_prompt_tokens
-        if seq.num_prompt_tokens + budget > self.max_num_batched_tokens:
+        p = seq.params
+        budget = p.max_tokens if p.max_tokens is not None else seq.max_model_len - seq.num_prompt_tokens
+        # After a preemption the whole sequence so far (at most all but its last token) is recomputed in one step.
+        if seq.num_prompt_tokens + budget - 1 > self.max_num_batched_tokens:
             raise ValueError(
                 f"engine 'continuous' prefills whole sequences: {seq.num_prompt_tokens} prompt tokens + max_tokens "
-                f"{budget} may need more than max_num_batched_tokens {self.max_num_batched_tokens} in one step; "
+                f"{budget} may need {seq.num_prompt_tokens + budget - 1} tokens in one step (a recompute after "
+                f"preemption), more than max_num_batched_tokens {self.max_num_batched_tokens}; "
                 "raise max_num_batched_tokens or use engine 'chunked'"
             )
 
@@ -67,19 +69,14 @@ class ContinuousEngine(PagedEngineBase):
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def unfinished_seq_ids(self) -> list[int]:
-        return [s.seq_id for s in self.scheduler.running] + [s.seq_id for s in self.scheduler.waiting]
+    def unfinished_sequences(self) -> list[Sequence]:
+        return list(self.scheduler.running) + list(self.scheduler.waiting)
 
-    def live_sequences(self) -> list[Sequence]:
+    def running_sequences(self) -> list[Sequence]:
         return list(self.scheduler.running)
 
-    def abort_request(self, seq_id: int) -> Sequence | None:
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            if seq.seq_id == seq_id:
-                self.scheduler.remove(seq)
-                seq.abort(time.perf_counter())
-                return seq
-        return None
+    def _drop(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)

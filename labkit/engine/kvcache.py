@@ -9,7 +9,6 @@ Introduced in notebook 03 (``03_kv_cache``).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -61,25 +60,18 @@ class KVCacheEngine(Engine):
     def has_unfinished_requests(self) -> bool:
         return self.batch is not None or bool(self.waiting)
 
-    def unfinished_seq_ids(self) -> list[int]:
-        running = [s.seq_id for s in self.batch.seqs if not s.is_finished] if self.batch else []
-        return running + [s.seq_id for s in self.waiting]
+    def unfinished_sequences(self) -> list[Sequence]:
+        return self.running_sequences() + list(self.waiting)
 
-    def abort_request(self, seq_id: int) -> Sequence | None:
-        now = time.perf_counter()
-        for seq in self.waiting:
-            if seq.seq_id == seq_id:
-                self.waiting.remove(seq)
-                seq.abort(now)
-                return seq
-        if self.batch is not None:
-            for seq in self.batch.seqs:
-                if seq.seq_id == seq_id and not seq.is_finished:
-                    seq.abort(now)  # its row stays in the batch, idle, like any finished row
-                    if all(s.is_finished for s in self.batch.seqs):
-                        self.batch = None
-                    return seq
-        return None
+    def running_sequences(self) -> list[Sequence]:
+        return [s for s in self.batch.seqs if not s.is_finished] if self.batch is not None else []
+
+    def _drop(self, seq: Sequence) -> None:
+        # A row of the running batch stays in it, idle, like any finished row: the cache is shaped for it.
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if self.batch is not None and all(s.is_finished for s in self.batch.seqs):
+            self.batch = None
 
     def _reserved_len(self, seq: Sequence, prompt_cols: int) -> int:
         """Columns a row may need: the padded prompt plus its whole output budget."""
@@ -88,6 +80,7 @@ class KVCacheEngine(Engine):
 
     def _start_batch(self, now: float) -> StaticBatch:
         seqs = [self.waiting.popleft() for _ in range(min(self.config.max_num_seqs, len(self.waiting)))]
+        self._scheduled = seqs  # if reserving their cache fails, they fail (rather than vanish)
         prompt_cols = max(s.num_prompt_tokens for s in seqs)
         max_len = max(self._reserved_len(s, prompt_cols) for s in seqs)
         cache = self.cache_class(self.model.config, len(seqs), max_len, self.device, self.model.dtype)
@@ -122,6 +115,8 @@ class KVCacheEngine(Engine):
         if self.batch is None:
             return []
         batch = self.batch
+        # Every unfinished row runs this step; a fault leaves the shared cache half-written, so it fails them all.
+        self._before_forward([s for s in batch.seqs if not s.is_finished])
         is_prefill = not batch.prefilled
         with clock.stage("prepare"):
             ids, positions, valid = self._prefill_inputs(batch) if is_prefill else self._decode_inputs(batch)

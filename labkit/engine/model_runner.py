@@ -9,12 +9,15 @@ computed (a prefill chunk that stops mid-prompt samples nothing). Introduced in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
+import numpy as np
 import torch
 
 from labkit.cache.block_manager import BlockManager
 from labkit.cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVPool
 from labkit.engine.base import StageClock
+from labkit.engine.cuda_graphs import DecodeGraphs
 from labkit.model import CausalLM
 from labkit.sampler import sample
 from labkit.sequence import Sequence
@@ -40,16 +43,36 @@ class ScheduledBatch:
         return len(self.seqs)
 
 
-class ModelRunner:
-    """Prepares inputs, runs the model over the paged pool, samples. Notebook 06."""
+SMALL_BATCH_TOKENS = 8  # below this many tokens the plain loop is cheaper than setting up array arithmetic
 
-    def __init__(self, model: CausalLM, pool: PagedKVPool, block_manager: BlockManager) -> None:
+
+class ModelRunner:
+    """Prepares inputs, runs the model over the paged pool, samples. Notebook 06.
+
+    ``prepare_inputs`` chooses how the host builds a step's inputs: ``"loop"`` walks every new token in
+    Python (one slot lookup each, the way notebook 06 explains it); ``"vectorized"`` does the same with a
+    handful of array operations on the whole batch (the loop for tiny batches, where it is cheaper) and
+    moves the inputs to the device in one copy. Notebook 10 measures the difference.
+    """
+
+    def __init__(self, model: CausalLM, pool: PagedKVPool, block_manager: BlockManager,
+                 prepare_inputs: str = "vectorized") -> None:
         self.model = model
         self.pool = pool
         self.block_manager = block_manager
         self.device = model.device
+        self.prepare = self.prepare_vectorized if prepare_inputs == "vectorized" else self.prepare_loop
+        self.graphs: DecodeGraphs | None = None
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, list[int]]:
+    def use_decode_graphs(self, sizes: tuple[int, ...], max_blocks: int, capture: bool = True) -> DecodeGraphs:
+        """Run decode steps through ``DecodeGraphs``; the pool's last block (never allocated) is the scratch."""
+        if self.pool.num_blocks <= self.block_manager.num_blocks:
+            raise ValueError("decode graphs need a scratch block: the pool must be one block larger than the "
+                             "block manager's")
+        self.graphs = DecodeGraphs(self.model, self.pool, sizes, max_blocks, self.pool.num_blocks - 1, capture)
+        return self.graphs
+
+    def prepare_loop(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, list[int]]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -71,6 +94,36 @@ class ModelRunner:
         pos = torch.tensor([positions], dtype=torch.long, device=self.device)  # (1, N)
         return input_ids, pos, meta, logits_rows
 
+    def prepare_vectorized(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata,
+                                                                  list[int]]:
+        if batch.num_batched_tokens <= SMALL_BATCH_TOKENS:
+            return self.prepare_loop(batch)
+        # NumPy, not torch, for the index arithmetic: each small torch op costs microseconds of dispatch.
+        seqs, q_lens = batch.seqs, batch.num_new_tokens
+        starts = [s.num_computed_tokens for s in seqs]
+        ids = list(chain.from_iterable(s.token_ids[a : a + n] for s, a, n in zip(seqs, starts, q_lens)))
+        tables = [s.block_table for s in seqs]
+        width = max(len(t) for t in tables)
+        table = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int64)  # (B, max_blocks)
+        q_len = np.array(q_lens, dtype=np.int64)  # (B,)
+        ends = np.cumsum(q_len)  # (B,) one past each sequence's last new token
+        row = np.repeat(np.arange(len(seqs)), q_len)  # (N,) which sequence each token belongs to
+        pos = np.array(starts, dtype=np.int64)[row] + np.arange(len(ids)) - (ends - q_len)[row]  # (N,)
+        bs = self.pool.block_size
+        slots = table[row, pos // bs] * bs + pos % bs  # (N,)
+        sampled = np.array([a + n == s.num_tokens for s, a, n in zip(seqs, starts, q_lens)])  # (B,)
+        # One host -> device copy for ids, positions and slots together.
+        packed = torch.from_numpy(np.stack([np.array(ids, dtype=np.int64), pos, slots]))  # (3, N)
+        packed = packed.to(self.device, non_blocking=True)
+        meta = PagedAttentionMetadata(
+            query_lens=list(q_lens),
+            context_lens=[a + n for a, n in zip(starts, q_lens)],
+            block_tables=tables,
+            slot_mapping=packed[2],
+            block_table_tensor=torch.from_numpy(table).to(self.device, non_blocking=True),
+        )
+        return packed[0][None], packed[1][None], meta, (ends[sampled] - 1).tolist()
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, clock: StageClock) -> list[tuple[Sequence, int]]:
         """One forward pass; returns (sequence, sampled token) for sequences that sample this step."""
@@ -78,7 +131,10 @@ class ModelRunner:
             self.pool.copy_blocks(batch.copies)
             input_ids, positions, meta, logits_rows = self.prepare(batch)
         with clock.stage("forward"):
-            hidden = self.model(input_ids, positions, PagedAttention(self.pool, meta))  # (1, N, hidden)
+            if self.graphs is not None and self.graphs.can_run(meta):
+                hidden = self.graphs.run(input_ids, positions, meta)  # (1, B, hidden): replayed
+            else:
+                hidden = self.model(input_ids, positions, PagedAttention(self.pool, meta))  # (1, N, hidden)
             logits = self.model.compute_logits(hidden[0, logits_rows]) if logits_rows else None  # (n_sampled, vocab)
         with clock.stage("sample"):
             samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == s.num_tokens]

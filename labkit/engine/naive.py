@@ -7,7 +7,6 @@ so generating n tokens costs O(n^2) token-positions of compute. Introduced in no
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
 import torch
@@ -34,22 +33,17 @@ class NaiveEngine(Engine):
     def has_unfinished_requests(self) -> bool:
         return self.running is not None or bool(self.waiting)
 
-    def unfinished_seq_ids(self) -> list[int]:
-        ids = [s.seq_id for s in self.waiting]
-        return ([self.running.seq_id] if self.running is not None else []) + ids
+    def unfinished_sequences(self) -> list[Sequence]:
+        return ([self.running] if self.running is not None else []) + list(self.waiting)
 
-    def abort_request(self, seq_id: int) -> Sequence | None:
-        now = time.perf_counter()
-        if self.running is not None and self.running.seq_id == seq_id:
-            seq, self.running = self.running, None
-            seq.abort(now)
-            return seq
-        for seq in self.waiting:
-            if seq.seq_id == seq_id:
-                self.waiting.remove(seq)
-                seq.abort(now)
-                return seq
-        return None
+    def running_sequences(self) -> list[Sequence]:
+        return [self.running] if self.running is not None else []
+
+    def _drop(self, seq: Sequence) -> None:
+        if self.running is seq:
+            self.running = None
+        if seq in self.waiting:
+            self.waiting.remove(seq)
 
     @torch.inference_mode()
     def _step(self) -> list[Sequence]:
@@ -62,6 +56,7 @@ class NaiveEngine(Engine):
         if self.running is None:
             return []
         seq = self.running
+        self._before_forward([seq])
         is_prefill = seq.num_output_tokens == 0
         with clock.stage("prepare"):
             # The whole sequence, every time: this is what the KV cache will remove.

@@ -10,15 +10,14 @@ preempted (its blocks freed, recomputed later). Introduced in notebook 06 (``06_
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from labkit.cache.block_manager import BlockManager
 from labkit.cache.paged import PagedKVPool, kv_block_bytes
-from labkit.engine.base import Engine, EngineConfig, StageClock, StepStats
+from labkit.engine.base import Engine, EngineConfig, StageClock, StepStats, debug_checks_default
 from labkit.engine.model_runner import ModelRunner, ScheduledBatch
 from labkit.model import CausalLM
 from labkit.sequence import Sequence, SequenceStatus
@@ -36,7 +35,8 @@ class PagedConfig(EngineConfig):
     kv_cache_memory: int | None = None  # pool size in bytes (all layers, K and V)
     gpu_memory_utilization: float = 0.9  # on CUDA: share of free memory the pool may take
     enable_prefix_caching: bool = False
-    debug_checks: bool = False  # check the block manager's invariants after every step
+    # Check the block manager's books after every step (default: on when LABKIT_DEBUG_CHECKS=1, as in the tests).
+    debug_checks: bool = field(default_factory=debug_checks_default)
     # Host-side options (notebook 10). "loop" is the per-token Python input preparation it starts from.
     prepare_inputs: str = "vectorized"
     enforce_eager: bool = True  # False: capture decode steps as CUDA graphs and replay them (CUDA only)
@@ -96,20 +96,36 @@ class PagedEngineBase(Engine):
                 raise ValueError(f"{option} needs a CUDA device (it hides GPU launch and host overhead); this "
                                  f"engine runs on {model.device.type}. Notebook 10 shows the CPU-side fixes instead.")
         self.num_blocks = pool_num_blocks(model, self.config)
-        self.pool = PagedKVPool(model.config, self.num_blocks, self.config.block_size, model.device, model.dtype)
+        # One block more than the manager hands out: the scratch block padded CUDA-graph rows write to.
+        self.pool = PagedKVPool(model.config, self.num_blocks + 1, self.config.block_size, model.device, model.dtype)
         self.block_manager = BlockManager(self.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self.runner = ModelRunner(model, self.pool, self.block_manager)
+        self.runner = ModelRunner(model, self.pool, self.block_manager, self.config.prepare_inputs)
+        if not self.config.enforce_eager:
+            assert self.config.max_model_len is not None
+            max_blocks = self.block_manager.blocks_needed(self.config.max_model_len)
+            self.runner.use_decode_graphs(self.config.cuda_graph_sizes, max_blocks)
         self.waiting: deque[Sequence] = deque()
         self.num_preemptions = 0
 
     def validate(self, seq: Sequence) -> None:
-        """Reject a request that could never fit the pool, even alone."""
+        """Reject a request that could never fit the pool, even alone (anything smaller completes, by
+        waiting for memory or through preemption)."""
+        bm, size = self.block_manager, self.config.block_size
+        prompt_blocks = bm.blocks_needed(seq.num_prompt_tokens)
+        if prompt_blocks > self.num_blocks:
+            raise ValueError(
+                f"the prompt alone needs {prompt_blocks} KV blocks ({seq.num_prompt_tokens} tokens at block_size "
+                f"{size}) but the pool has only {self.num_blocks} ({self.num_blocks * size} tokens); shorten the "
+                "prompt or give the engine more KV memory (num_gpu_blocks / kv_cache_memory)"
+            )
         budget = seq.params.max_tokens if seq.params.max_tokens is not None else seq.max_model_len - seq.num_prompt_tokens
-        needed = self.block_manager.blocks_needed(seq.num_prompt_tokens + budget)
+        # The last output token is sampled but never run through the model: it needs no KV slot.
+        needed = bm.blocks_needed(seq.num_prompt_tokens + budget - 1)
         if needed > self.num_blocks:
+            room = self.num_blocks * size - seq.num_prompt_tokens + 1
             raise ValueError(
                 f"request needs {needed} KV blocks ({seq.num_prompt_tokens} prompt tokens + max_tokens {budget} at "
-                f"block_size {self.config.block_size}) but the pool has only {self.num_blocks}; lower max_tokens "
+                f"block_size {size}) but the pool has only {self.num_blocks}; lower max_tokens to at most {room} "
                 "or give the engine more KV memory (num_gpu_blocks / kv_cache_memory)"
             )
 
@@ -119,6 +135,20 @@ class PagedEngineBase(Engine):
 
     def _finish(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+
+    def check_invariants(self) -> None:
+        """Debug mode: the block manager's books balance, running sequences own exactly the blocks in use,
+        waiting ones own none, and no finished sequence is left in a queue."""
+        if not self.config.debug_checks:
+            return
+        running = self.running_sequences()
+        running_ids = {id(s) for s in running}
+        for seq in self.unfinished_sequences():
+            assert not seq.is_finished, f"sequence {seq.seq_id} is finished but still queued"
+            if id(seq) not in running_ids:
+                assert not seq.block_table, f"waiting sequence {seq.seq_id} holds blocks {seq.block_table}"
+        assert all(not s.is_finished for s in running), "a finished sequence is still running"
+        self.block_manager.check_invariants(running)
 
     def preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the sequence's K/V; it re-enters at the head of the queue."""
@@ -130,6 +160,7 @@ class PagedEngineBase(Engine):
 
     def _run(self, batch: ScheduledBatch, clock: StageClock, num_slots: int) -> list[Sequence]:
         num_prefill = batch.num_prefill_tokens  # before the runner advances num_computed_tokens
+        self._before_forward(batch.seqs)
         results = self.runner.run(batch, clock)
         blocks_in_use = self.block_manager.num_used_blocks  # at the step's peak, before finished ones free theirs
         with clock.stage("detokenize"):
@@ -137,8 +168,6 @@ class PagedEngineBase(Engine):
                 seq.append_token(token, clock.last)
                 if seq.is_finished:
                     self._finish(seq)
-        if self.config.debug_checks:
-            self.block_manager.check_invariants(self.live_sequences())
         self.step_stats.append(StepStats(
             step=len(self.step_stats), start=clock.start, end=clock.last, num_seqs=num_slots,
             num_computed_tokens=batch.num_batched_tokens, num_new_tokens=len(results), stage_times=clock.times,
@@ -149,7 +178,8 @@ class PagedEngineBase(Engine):
         return [seq for seq, _ in results]
 
     def live_sequences(self) -> list[Sequence]:
-        raise NotImplementedError
+        """The sequences holding KV blocks."""
+        return self.running_sequences()
 
 
 class PagedEngine(PagedEngineBase):
@@ -162,29 +192,24 @@ class PagedEngine(PagedEngineBase):
         self.batch: list[Sequence] = []  # the static batch: its slots stay taken until all are done
         self.running: list[Sequence] = []  # rows of the batch that still hold blocks, in admission order
 
-    def live_sequences(self) -> list[Sequence]:
-        return list(self.running)
-
     def has_unfinished_requests(self) -> bool:
         return bool(self.batch) or bool(self.waiting)
 
-    def unfinished_seq_ids(self) -> list[int]:
-        return [s.seq_id for s in self.batch if not s.is_finished] + [s.seq_id for s in self.waiting]
+    def unfinished_sequences(self) -> list[Sequence]:
+        return [s for s in self.batch if not s.is_finished] + list(self.waiting)
 
-    def abort_request(self, seq_id: int) -> Sequence | None:
-        now = time.perf_counter()
-        for seq in list(self.waiting) + self.batch:
-            if seq.seq_id == seq_id and not seq.is_finished:
-                if seq in self.waiting:
-                    self.waiting.remove(seq)
-                if seq in self.running:
-                    self.running.remove(seq)
-                self.block_manager.free(seq)
-                seq.abort(now)
-                if all(s.is_finished for s in self.batch):
-                    self.batch = []
-                return seq
-        return None
+    def running_sequences(self) -> list[Sequence]:
+        return list(self.running)
+
+    def _drop(self, seq: Sequence) -> None:
+        # Its slot in the static batch stays taken (finished) until the whole batch is done.
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.block_manager.free(seq)
+        if all(s.is_finished for s in self.batch):
+            self.batch = []
 
     def _admit(self, now: float) -> None:
         """Form a new static batch: FCFS while slots and blocks for the prompts last."""

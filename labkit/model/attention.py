@@ -35,15 +35,17 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
-    """Scaled dot-product attention over (B, T, heads, head_dim) tensors, expanding K/V heads for GQA.
+    """Scaled dot-product attention over (B, T, heads, head_dim) tensors, with grouped K/V heads (GQA).
 
     mask, if given, is boolean and broadcastable to (B, n_heads, T, S): True where attention is allowed.
+    ``enable_gqa`` lets each K/V head serve its group of query heads without copying it (``repeat_kv``
+    shows what that saves: materialising the copies cost more than the attention itself on a CPU).
     """
-    n_rep = q.shape[2] // k.shape[2]
     qh = q.transpose(1, 2)  # (B, n_heads, T, d)
-    kh = repeat_kv(k.transpose(1, 2), n_rep)  # (B, n_heads, S, d)
-    vh = repeat_kv(v.transpose(1, 2), n_rep)  # (B, n_heads, S, d)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal and mask is None)
+    kh = k.transpose(1, 2)  # (B, n_kv_heads, S, d)
+    vh = v.transpose(1, 2)  # (B, n_kv_heads, S, d)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal and mask is None,
+                                         enable_gqa=qh.shape[1] != kh.shape[1])
     return out.transpose(1, 2)  # (B, T, n_heads, d)
 
 
