@@ -1,0 +1,98 @@
+"""One streamed request to any OpenAI-compatible server, timed chunk by chunk (httpx, async).
+
+The load generator must measure what a user would see, so it times the stream as it arrives: the
+clock starts just before the request is sent; each server-sent event that carries a choice is a
+"token chunk" (TTFT at the first, an ITL gap at each next one); the final usage record says how
+many tokens there were. This is vLLM's ``async_request_openai_completions`` /
+``..._chat_completions``, with httpx instead of aiohttp. Works against labkit, vLLM, SGLang, TGI
+(its OpenAI-compatible ``/v1`` routes) and OpenAI's own API.
+
+Introduced in notebook 09 (``09_serving_and_metrics``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from labkit.bench.datasets import BenchRequest
+from labkit.bench.metrics import RequestRecord
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+COMPLETIONS_ENDPOINT = "/v1/completions"
+
+
+def build_payload(endpoint: str, model: str, request: BenchRequest, temperature: float, ignore_eos: bool,
+                  extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body for one request: streamed, asking for the usage record, ``max_tokens`` as expected."""
+    payload: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                               "temperature": temperature}
+    if endpoint.endswith("chat/completions"):
+        payload["messages"] = [{"role": "user", "content": request.prompt}]
+        payload["max_completion_tokens"] = request.expected_output_len
+    else:
+        payload["prompt"] = request.prompt
+        payload["max_tokens"] = request.expected_output_len
+    if ignore_eos:
+        payload["ignore_eos"] = True  # a vLLM extension (labkit, vLLM and SGLang accept it)
+    payload.update(extra_body or {})
+    return payload
+
+
+def _chunk_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        return (choice.get("delta") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+async def send_request(client: httpx.AsyncClient, url: str, payload: dict[str, Any], prompt_len: int
+                       ) -> RequestRecord:
+    """POST one streamed request and time every token chunk; errors end up in ``record.error``."""
+    chat = "messages" in payload
+    record = RequestRecord(prompt_len=prompt_len)
+    text: list[str] = []
+    num_chunks = 0
+    start = time.perf_counter()
+    record.start_time = last = start
+    try:
+        async with client.stream("POST", url, json=payload) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {body[:500]}"
+                return record
+            async for line in response.aiter_lines():
+                line = line.strip()
+                if not line.startswith("data:"):  # blank separators, ": ping" comments, "event:" lines
+                    continue
+                data = line.removeprefix("data:").strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("error"):
+                    record.error = str(chunk["error"].get("message", chunk["error"]))
+                if chunk.get("choices"):
+                    now = time.perf_counter()
+                    if num_chunks == 0:
+                        record.ttft = now - start
+                    else:
+                        record.itl.append(now - last)
+                    last = now
+                    num_chunks += 1
+                    text.append(_chunk_text(chunk["choices"][0], chat))
+                if chunk.get("usage"):
+                    record.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                    record.prompt_len = int(chunk["usage"].get("prompt_tokens") or prompt_len)
+    except Exception as exc:  # connection refused, reset, bad JSON...: a failed request, not a crashed run
+        record.error = f"{type(exc).__name__}: {exc}"
+        return record
+    record.generated_text = "".join(text)
+    record.latency = last - start
+    if not record.output_tokens:
+        record.output_tokens = num_chunks  # no usage record: count chunks (one token each on labkit)
+    record.success = num_chunks > 0 and not record.error
+    if num_chunks == 0 and not record.error:
+        record.error = "the stream ended without a single token chunk"
+    return record

@@ -1,0 +1,302 @@
+"""``AsyncLLM``: the engine loop in a background thread; requests added and streamed concurrently.
+
+``LLM.generate`` owns the loop: it adds a batch, steps until all are done, returns. A server cannot
+work like that. Requests arrive while the engine is mid-run, each wants its tokens as they come, and
+a client may leave at any moment. vLLM's ``AsyncLLM`` splits the two sides; so does this one:
+
+* **the engine thread** loops forever: drain the command queue (add / abort / snapshot), run one
+  ``engine.step()``, hand each new token to its request's stream. It is the *only* thread that touches
+  the engine, so the scheduler's queues never change under a running step;
+* **the asyncio side** (the web server's event loop) tokenizes and validates a request, puts an
+  "add" command on the queue and awaits the request's ``asyncio.Queue``. Tokens cross threads with
+  ``loop.call_soon_threadsafe`` (an asyncio queue is not thread-safe).
+
+When a consumer stops early (a client disconnects, ``break``, cancellation), ``generate`` sends an
+"abort": the engine thread drops the request before its next step and its KV blocks go back to the
+pool at once, not when it would have finished.
+
+Introduced in notebook 09 (``09_serving_and_metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from labkit.llm import LLM
+from labkit.sampling_params import SamplingParams
+from labkit.sequence import Sequence, SequenceStatus
+from labkit.serving.metrics import EngineState, ServerMetrics
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """One streamed piece of a request: its new token(s), their text, and whether it is done. Notebook 09.
+
+    The engine samples one token per request per step, so ``token_ids`` has one id; ``text`` may be ""
+    (a token that ends mid-character, or text held back while it could still become a stop string).
+    """
+
+    request_id: int
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" once finished
+    num_prompt_tokens: int
+    num_output_tokens: int
+    time: float  # time.perf_counter() when the step produced the token
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is not running (stopped, or never started). Notebook 09."""
+
+
+@dataclass
+class _Stream:
+    seq: Sequence
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokenDelta | BaseException]
+    num_emitted: int = 0
+
+
+@dataclass
+class _Command:
+    kind: str  # "add" | "abort" | "state"
+    stream: _Stream | None = None
+    request_id: int | None = None
+    reply: concurrent.futures.Future[Any] | None = field(default=None, repr=False)
+
+
+class AsyncLLM:
+    """An ``LLM`` whose engine steps in a background thread, serving many async consumers. Notebook 09.
+
+        async_llm = AsyncLLM(LLM("labkit-tiny", engine="chunked")).start()
+        async for delta in async_llm.generate("Once upon a time", SamplingParams(max_tokens=16)):
+            print(delta.text, end="")
+        async_llm.shutdown()
+    """
+
+    def __init__(self, llm: LLM, metrics: ServerMetrics | None = None, idle_wait: float = 0.05) -> None:
+        self.llm = llm
+        self.metrics = metrics
+        self.idle_wait = idle_wait  # seconds the idle engine thread sleeps between checks for work
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[int, _Stream] = {}  # engine thread only
+        self._make_lock = threading.Lock()  # LLM's request counter and RNG are not thread-safe
+        self._thread: threading.Thread | None = None
+        self.num_steps = 0
+        self.last_error: BaseException | None = None
+
+    # ---- lifecycle ----
+
+    def start(self) -> AsyncLLM:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="labkit-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; requests still streaming get ``EngineDeadError``."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self.llm.engine.abort_all()  # the loop has stopped: nothing else touches the engine now
+        dead = EngineDeadError("the engine was shut down")
+        for stream in list(self._streams.values()):
+            self._post(stream, dead)
+        self._streams.clear()
+        while True:  # commands nobody will run now: answer them, so no caller waits forever
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd.stream is not None:
+                self._post(cmd.stream, dead)
+            if cmd.reply is not None:
+                cmd.reply.set_exception(dead)
+
+    # ---- the asyncio side ----
+
+    def make_request(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Tokenize and validate one request (raises ValueError/TypeError naming the problem). n must be 1."""
+        if params.n != 1:
+            raise ValueError(f"AsyncLLM serves one completion per request (n=1), got n={params.n}")
+        with self._make_lock:
+            (group,) = self.llm._make_sequences([prompt], [params])  # same checks as LLM.generate
+        return group[0]
+
+    async def generate(self, prompt: str | list[int] | Sequence, params: SamplingParams | None = None
+                       ) -> AsyncIterator[TokenDelta]:
+        """Add a request and yield its tokens as the engine produces them; abort it if the consumer leaves."""
+        if not self.is_running:
+            raise EngineDeadError("the engine thread is not running; call start()")
+        seq = prompt if isinstance(prompt, Sequence) else self.make_request(prompt, params or SamplingParams())
+        stream = _Stream(seq, asyncio.get_running_loop(), asyncio.Queue())
+        self._send(_Command("add", stream=stream))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True  # the engine already dropped it
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:  # cancelled, closed early, or the client went away: free its blocks now
+                self.abort(seq.seq_id)
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request before the engine's next step (safe from any thread)."""
+        self._send(_Command("abort", request_id=request_id))
+
+    def engine_state(self, timeout: float = 10.0) -> EngineState:
+        """A snapshot taken by the engine thread between two steps (safe from any thread)."""
+        if not self.is_running:
+            raise EngineDeadError("the engine thread is not running")
+        reply: concurrent.futures.Future[EngineState] = concurrent.futures.Future()
+        self._send(_Command("state", reply=reply))
+        return reply.result(timeout)
+
+    def _send(self, command: _Command) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    # ---- the engine thread ----
+
+    def _loop(self) -> None:
+        engine = self.llm.engine
+        while not self._stop.is_set():
+            self._drain()
+            if not engine.has_unfinished_requests():
+                self._wake.wait(self.idle_wait)  # nothing to do: sleep until a command arrives
+                self._wake.clear()
+                continue
+            try:
+                stepped = engine.step()
+            except Exception as exc:  # a broken step must not take the server down
+                self.last_error = exc
+                self._fail(exc)
+                if self.metrics is not None:
+                    self.metrics.update(self._state())
+                continue
+            self.num_steps += 1
+            if not stepped:  # nothing could be scheduled this step (e.g. waiting for KV blocks)
+                self._wake.wait(0.001)
+            ready = self._collect(stepped)
+            if self.metrics is not None:  # before the tokens go out: a client that reads /metrics next sees it
+                self.metrics.update(self._state())
+            for stream, delta in ready:
+                self._post(stream, delta)
+
+    def _drain(self) -> None:
+        engine = self.llm.engine
+        changed = False
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd.kind == "add" and cmd.stream is not None:
+                seq = cmd.stream.seq
+                engine.add_request(seq)
+                self._streams[seq.seq_id] = cmd.stream
+                if self.metrics is not None:
+                    self.metrics.request_added(seq.num_prompt_tokens)
+                changed = True
+            elif cmd.kind == "abort" and cmd.request_id is not None:
+                changed = self._abort_now(cmd.request_id) or changed
+            elif cmd.kind == "state" and cmd.reply is not None:
+                cmd.reply.set_result(self._state())
+        if changed and self.metrics is not None:
+            self.metrics.update(self._state())
+
+    def _abort_now(self, request_id: int) -> bool:
+        """Drop a request from the engine (its KV blocks go back now); engine thread only."""
+        stream = self._streams.pop(request_id, None)
+        seq = self.llm.engine.abort_request(request_id)
+        if seq is not None and self.metrics is not None:
+            self.metrics.request_finished("abort", None)
+        return stream is not None or seq is not None
+
+    def _collect(self, stepped: list[Sequence]) -> list[tuple[_Stream, TokenDelta]]:
+        """Each stepped request's new token as a delta (finished ones leave ``_streams``)."""
+        ready = []
+        for seq in stepped:
+            stream = self._streams.get(seq.seq_id)
+            if stream is None:
+                continue
+            new = seq.output_token_ids[stream.num_emitted:]
+            if not new:
+                continue
+            stream.num_emitted = seq.num_output_tokens
+            reason = seq.finish_reason.value if seq.finish_reason is not None else None
+            delta = TokenDelta(request_id=seq.seq_id, token_ids=list(new),
+                               text=seq.detokenizer.pop_delta(seq.is_finished), finished=seq.is_finished,
+                               finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
+                               num_output_tokens=seq.num_output_tokens, time=seq.metrics.token_times[-1])
+            if self.metrics is not None:
+                self.metrics.observe_tokens(seq.metrics.arrival_time, seq.metrics.token_times, len(new))
+            if seq.is_finished:
+                del self._streams[seq.seq_id]
+                if self.metrics is not None:
+                    e2e = seq.metrics.token_times[-1] - seq.metrics.arrival_time
+                    self.metrics.request_finished(reason or "stop", e2e)
+            ready.append((stream, delta))
+        return ready
+
+    def _post(self, stream: _Stream, item: TokenDelta | BaseException) -> None:
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's event loop is closed: nobody will read this request
+            if threading.current_thread() is self._thread and not stream.seq.is_finished:
+                self._abort_now(stream.seq.seq_id)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fail the requests a broken step took down; the others keep going.
+
+        An engine that contains faults says which sequences failed (``exc.failed``, already out of the
+        engine); otherwise nothing is known to be consistent, so every request is aborted.
+        """
+        failed = getattr(exc, "failed", None)
+        if failed is None:
+            self.llm.engine.abort_all()
+            ids = list(self._streams)
+        else:
+            ids = [s.seq_id for s in failed if s.seq_id in self._streams]
+        cause = getattr(exc, "cause", exc)
+        for request_id in ids:
+            stream = self._streams.pop(request_id)
+            if self.metrics is not None:
+                self.metrics.request_finished("error", None)
+            self._post(stream, RuntimeError(f"the engine step failed: {type(cause).__name__}: {cause}"))
+
+    def _state(self) -> EngineState:
+        engine = self.llm.engine
+        bm = getattr(engine, "block_manager", None)
+        live = [s.seq for s in self._streams.values()]
+        return EngineState(
+            num_running=sum(s.status == SequenceStatus.RUNNING for s in live),
+            num_waiting=sum(s.status == SequenceStatus.WAITING for s in live),
+            kv_blocks_used=bm.num_used_blocks if bm is not None else None,
+            kv_blocks_total=bm.num_blocks if bm is not None else None,
+            num_preemptions=getattr(engine, "num_preemptions", 0),
+            prefix_cache_queried_tokens=bm.num_queried_tokens if bm is not None else 0,
+            prefix_cache_hit_tokens=bm.num_hit_tokens if bm is not None else 0,
+            unfinished_request_ids=tuple(engine.unfinished_seq_ids()),
+        )
