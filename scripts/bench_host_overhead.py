@@ -11,8 +11,7 @@ batches of 1 and 32 requests (prompts of 16 tokens, every request decoding to ``
 
 1. **Host time per decode step and its share of the step**, for each host-side option the engine exposes on
    this device, side by side: ``prepare_inputs="loop"`` (per-token Python input preparation) against
-   ``"vectorized"`` (the default), and on CUDA also ``enforce_eager=False`` (CUDA graphs) and
-   ``async_scheduling=True``. Host time comes from a ``torch.profiler`` trace (``labkit.profiling``): the
+   ``"vectorized"`` (the default), and on CUDA also ``enforce_eager=False`` (CUDA graphs). Host time comes from a ``torch.profiler`` trace (``labkit.profiling``): the
    part of each step in which the device had no work (on a CPU: the step minus the aten operators of the
    forward pass; see ``labkit/profiling/trace_analysis.py``). Tracing slows every operator a little, so the
    untraced step time of the same configuration is reported beside it, and an estimate of the untraced host
@@ -80,8 +79,6 @@ def configurations(device: torch.device) -> dict[str, dict[str, object]]:
                                              "vectorized": {"prepare_inputs": "vectorized"}}
     if device.type == "cuda":
         configs["vectorized + CUDA graphs"] = {"enforce_eager": False}
-        configs["vectorized + async"] = {"async_scheduling": True}
-        configs["vectorized + CUDA graphs + async"] = {"enforce_eager": False, "async_scheduling": True}
     return configs
 
 
