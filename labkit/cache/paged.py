@@ -64,16 +64,20 @@ class PagedAttentionMetadata:
         return all(n == 1 for n in self.query_lens)
 
 
+def decode_mask(tables: torch.Tensor, block_size: int, context_lens: torch.Tensor) -> torch.Tensor:
+    """(B, 1, 1, S) boolean: which of the gathered slots hold a sequence's context (padding blocks do not)."""
+    k_pos = torch.arange(tables.shape[1] * block_size, device=tables.device)  # (S,)
+    return (k_pos[None, :] < context_lens[:, None])[:, None, None, :]
+
+
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
-                     context_lens: torch.Tensor) -> torch.Tensor:
+                     mask: torch.Tensor) -> torch.Tensor:
     """One new token per sequence, batched: q (B, n_heads, d) -> (B, n_heads, d).
 
     Shapes depend only on B and the table width, never on the data, so a CUDA graph can replay it.
     """
     keys = k_pool[tables].flatten(1, 2)  # (B, S, n_kv, d): gather each sequence's blocks
     values = v_pool[tables].flatten(1, 2)
-    k_pos = torch.arange(keys.shape[1], device=q.device)  # (S,)
-    mask = (k_pos[None, :] < context_lens[:, None])[:, None, None, :]  # (B, 1, 1, S): padding blocks masked out
     return sdpa(q[:, None], keys, values, mask=mask, is_causal=False)[:, 0]  # (B, n_heads, d)
 
 
@@ -104,7 +108,8 @@ class DecodeOnlyAttention:
         k_pool, v_pool = self.pool.k[layer_idx], self.pool.v[layer_idx]
         k_pool.flatten(0, 1)[self.slot_mapping] = k[0]
         v_pool.flatten(0, 1)[self.slot_mapping] = v[0]
-        return decode_attention(q[0], k_pool, v_pool, self.tables, self.context_lens)[None]
+        mask = decode_mask(self.tables, self.pool.block_size, self.context_lens)  # inside the graph: lengths change
+        return decode_attention(q[0], k_pool, v_pool, self.tables, mask)[None]
 
 
 class PagedAttention:
@@ -136,7 +141,8 @@ class PagedAttention:
                 tables = torch.tensor([meta.block_tables[i] + [0] * (width - len(meta.block_tables[i]))
                                        for i in decode_rows], dtype=torch.long, device=device)  # pad: any block
             self.decode_tables = tables  # (B_decode, max_blocks)
-            self.decode_lens = torch.tensor([meta.context_lens[i] for i in decode_rows], device=device)  # (B_decode,)
+            lens = torch.tensor([meta.context_lens[i] for i in decode_rows], device=device)  # (B_decode,)
+            self.decode_mask = decode_mask(tables, self.block_size, lens)  # once per step, for every layer
         self.prefills: list[PrefillSlice] = []
         for i, n in enumerate(meta.query_lens):
             if n == 1:
@@ -158,11 +164,11 @@ class PagedAttention:
         v_pool.flatten(0, 1)[self.meta.slot_mapping] = v[0]
         if self.only_decodes:
             assert self.decode_tables is not None
-            return decode_attention(q[0], k_pool, v_pool, self.decode_tables, self.decode_lens)[None]
+            return decode_attention(q[0], k_pool, v_pool, self.decode_tables, self.decode_mask)[None]
         out = torch.empty_like(q)  # (1, N, n_heads, d)
         if self.decode_tables is not None:
             out[0, self.decode_token_idx] = decode_attention(
-                q[0, self.decode_token_idx], k_pool, v_pool, self.decode_tables, self.decode_lens)
+                q[0, self.decode_token_idx], k_pool, v_pool, self.decode_tables, self.decode_mask)
         for p in self.prefills:
             new = slice(p.start, p.start + p.num_new)
             if p.table is None:  # its own K/V are all it attends to: plain causal attention, no gather
