@@ -181,6 +181,7 @@ def running_jupyterlab(root_dir: Path, home: Path, tabs: int = 1) -> Iterator[La
            "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
            "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // tabs)))
+    env.pop("LABKIT_DEBUG_CHECKS", None)  # the unit tests' invariant checks would only slow the notebooks down
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--port-retries=0", "--allow-root", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_services import SCREENSHOTS_DIR, Lab, ServiceError, copy_workbook, default_tabs, ensure_chromium, \
+from .browser_services import SCREENSHOTS_DIR, Lab, ServiceError, copy_workbook, default_tabs, ensure_chromium, \
     running_chromium, running_jupyterlab
 from playwright.sync_api import Browser, sync_playwright
-from workbook_runner import BrowserReport
+from .workbook_runner import BrowserReport
 
 REPORT = pytest.StashKey[BrowserReport]()
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
-from browser_services import Lab
+from .browser_services import Lab
 from playwright.sync_api import Browser, BrowserContext, Page
 
 RUN_TIMEOUT_S = 480.0  # all cells of one notebook in smoke mode; generous for 2 shared cores
