@@ -32,7 +32,8 @@ def workbook(request: pytest.FixtureRequest, lab: Lab, browser: Browser, browser
              ) -> dict[str, NotebookResult]:
     """Runs every notebook selected in this session (``-k`` narrows it) once, side by side in a few tabs."""
     names = [item.callspec.params["path"].name for item in request.session.items
-             if item.module is request.module and item.originalname == "test_notebook_runs_in_jupyterlab"]
+             if getattr(item, "module", None) is request.module  # nbval's notebook cells have no module
+             and item.originalname == "test_notebook_runs_in_jupyterlab"]
     committed = {name: (NOTEBOOKS_DIR / name).read_bytes() for name in names}
     start = time.monotonic()
     results = run_workbook(browser, lab, names, SCREENSHOTS_DIR)
