@@ -30,7 +30,6 @@ hardware.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -48,11 +47,10 @@ from tqdm.auto import tqdm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from bench_common import Hardware, hardware, md_table  # noqa: E402  (scripts/ is on sys.path)
+from bench_common import Hardware, bench_parser, md_table, start_bench  # noqa: E402  (scripts/ is on sys.path)
 
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.cache.block_manager import BlockManager  # noqa: E402
-from labkit.device import resolve_device, resolve_dtype  # noqa: E402
 from labkit.kv_memory import (  # noqa: E402
     ContiguousLayout,
     KVMemoryUsage,
@@ -492,27 +490,11 @@ def report(command: str, hw: Hardware, sizes: Sizes, wl: Workload, life: dict[st
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="paged KV memory waste, concurrency and prefix caching, side by side")
-    parser.add_argument("--smoke", action="store_true", help="small engine runs (CI); no report unless --out is given")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"Markdown report (default {DEFAULT_OUT.relative_to(ROOT)})")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
-    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser = bench_parser("paged KV memory waste, concurrency and prefix caching, side by side", DEFAULT_OUT)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     sizes = SMOKE if args.smoke else FULL
-    out = args.out if args.out is not None else (None if args.smoke else DEFAULT_OUT)
-    command = " ".join([".venv/bin/python", "scripts/bench_paged.py", *sys.argv[1:]])
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    t0 = time.perf_counter()
-    hw = hardware(device)
-    print(f"{hw.device_name} ({hw.device}), {hw.num_threads} threads, torch {hw.torch_version}")
-    if hw.other_cpu_load is not None and hw.other_cpu_load > 0.1:
-        print(f"warning: other processes keep {hw.other_cpu_load:.0%} of the CPUs busy; timings will be skewed",
-              file=sys.stderr)
+    bench = start_bench(args, "bench_paged.py", DEFAULT_OUT)
+    out, command, device, dtype, hw, t0 = bench.out, bench.command, bench.device, bench.dtype, bench.hw, bench.t0
 
     wl = load_workload(WASTE_WORKLOAD)
     layouts, life, peak = waste_table(wl)
