@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: lab test env clean-notebooks
+.PHONY: lab test env clean-notebooks offline-bundle reset answer-key
 
 env: $(STAMP)
 
@@ -28,3 +28,17 @@ test: $(STAMP)
 ## Strip outputs from every notebook (before committing).
 clean-notebooks: $(STAMP)
 	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
+
+## Gather everything for a room without internet into DIR (needs internet): make offline-bundle DIR=/media/usb/labkit-bundle
+offline-bundle:
+	@test -n "$(DIR)" || { echo "usage: make offline-bundle DIR=/path/to/a/new/folder"; exit 2; }
+	$(PYTHON) scripts/offline_bundle.py gather "$(DIR)"
+
+## Put a notebook back as shipped, keeping yours in notebooks/.backups/: make reset NB=03 (NB=all: every changed one)
+reset: $(STAMP)
+	@test -n "$(NB)" || { echo "usage: make reset NB=03   (or NB=all)"; exit 2; }
+	$(BIN)/python -m labkit.reset $(if $(filter all,$(NB)),--all,$(NB))
+
+## Regenerate docs/answer_key.md from the notebooks and labkit's reference solutions
+answer-key: $(STAMP)
+	$(BIN)/python scripts/make_answer_key.py

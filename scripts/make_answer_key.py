@@ -1,0 +1,243 @@
+"""Generate docs/answer_key.md: every notebook exercise with labkit's reference solution, in one place.
+
+    .venv/bin/python scripts/make_answer_key.py           # (re)write docs/answer_key.md
+    .venv/bin/python scripts/make_answer_key.py --check   # exit 1 if docs/answer_key.md is out of date
+
+Nothing here is written by hand: the tasks come from the notebooks themselves. For every "### Task N" heading
+it finds the stub cell after it and the check cell ``x = use_or_reference(check_x(x), x, REFERENCE)``, and it
+shows the source of REFERENCE (the function the notebook falls back to) and of the labkit symbol the task says
+it mirrors (``It mirrors **`labkit....`**``). tests/test_answer_key.py fails when the committed key differs from
+a fresh one, when a notebook's task is missing from it, or when a reference no longer passes its checker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import json
+import re
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
+NOTEBOOKS = ROOT / "notebooks"
+ANSWER_KEY = ROOT / "docs" / "answer_key.md"
+
+TASK_HEADING = re.compile(r"^#{2,4}\s*Task\s+(\d+)\s*[—–:\-]+\s*(.+?)\s*$", re.MULTILINE)
+MIRRORS = re.compile(r"mirrors\s+\*\*`([\w.]+)`\*\*")
+
+
+class AnswerKeyError(Exception):
+    """A notebook's exercise does not follow the Task / stub / check-cell pattern."""
+
+
+@dataclass
+class Task:
+    notebook: str  # e.g. "07_continuous_batching"
+    number: int
+    title: str
+    mirrors: str  # dotted name of the labkit symbol the task mirrors
+    stub: str  # the stub cell's source
+    checker_name: str  # e.g. "labkit.exercises.ch07.check_admit_fcfs"
+    reference_expr: str  # the third argument of use_or_reference, as written in the notebook
+    checker: Callable[..., Any]
+    reference: Callable[..., Any]
+    mirrored: Any
+
+    @property
+    def key(self) -> str:
+        return f"{self.notebook[:2]}-task-{self.number}"
+
+
+def resolve_dotted(name: str) -> Any:
+    """``labkit.a.b.C.f`` -> the object: import the longest module prefix, then getattr the rest."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise AnswerKeyError(f"cannot import {name!r}")
+
+
+def notebook_imports(cells: list[str]) -> dict[str, str]:
+    """Every ``from M import a, b as c`` in a notebook's code cells: local name -> dotted ``M.a``."""
+    names: dict[str, str] = {}
+    for source in cells:
+        code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:  # not Python (a cell magic): it imports nothing we need
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def check_call(source: str) -> tuple[str, str] | None:
+    """(checker name, reference expression) of ``use_or_reference(check_x(...), candidate, REFERENCE)``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "use_or_reference"
+                and len(node.args) >= 3 and isinstance(node.args[0], ast.Call)
+                and isinstance(node.args[0].func, ast.Name)):
+            return node.args[0].func.id, ast.unparse(node.args[2])
+    return None
+
+
+def resolve_name(expr: str, imports: dict[str, str]) -> str:
+    """A notebook expression (``admit_fcfs`` or ``labkit.x.y``) -> its dotted name, via the notebook's imports."""
+    head, _, rest = expr.partition(".")
+    if head in imports:
+        return imports[head] + (f".{rest}" if rest else "")
+    if head == "labkit":
+        return expr
+    raise AnswerKeyError(f"cannot tell where {expr!r} comes from: import it with `from labkit... import {head}` "
+                         f"or write it as labkit.<module>.{expr}")
+
+
+def collect_tasks(notebooks: Path = NOTEBOOKS) -> list[Task]:
+    """Every Task of every notebook, in order, with its stub, checker and reference resolved."""
+    tasks: list[Task] = []
+    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        sources = ["".join(c["source"]) for c in cells]
+        imports = notebook_imports([s for c, s in zip(cells, sources) if c["cell_type"] == "code"])
+        task_cells = [i for i, (c, s) in enumerate(zip(cells, sources))
+                      if c["cell_type"] == "markdown" and TASK_HEADING.search(s)]
+        for i, (cell, text) in enumerate(zip(cells, sources)):
+            if cell["cell_type"] != "markdown":
+                continue
+            for match in TASK_HEADING.finditer(text):
+                where = f"{path.name}, Task {match.group(1)}"
+                mirrors = MIRRORS.search(text, match.end())
+                if mirrors is None:
+                    raise AnswerKeyError(f"{where}: the task text must say which labkit symbol it mirrors "
+                                         "(It mirrors **`labkit....`**)")
+                end = next((j for j in task_cells if j > i), len(cells))  # this task's cells end at the next task
+                code_after = [sources[j] for j in range(i + 1, end) if cells[j]["cell_type"] == "code"]
+                stub = next((s for s in code_after if "raise NotImplementedError" in s), None)
+                check = next(filter(None, map(check_call, code_after)), None)
+                if stub is None or check is None:
+                    raise AnswerKeyError(f"{where}: expected a stub cell (raise NotImplementedError) and then a "
+                                         "check cell calling use_or_reference(check_...(...), ..., reference)")
+                checker_name = resolve_name(check[0], imports)
+                reference_name = resolve_name(check[1], imports)
+                tasks.append(Task(
+                    notebook=path.stem, number=int(match.group(1)), title=match.group(2), mirrors=mirrors.group(1),
+                    stub=stub.strip(), checker_name=checker_name, reference_expr=check[1],
+                    checker=resolve_dotted(checker_name), reference=resolve_dotted(reference_name),
+                    mirrored=resolve_dotted(mirrors.group(1)),
+                ))
+    return tasks
+
+
+def checker_hint(task: Task) -> str:
+    """The hint the check cell prints on failure: run the checker on a stub that is not started."""
+
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    return task.checker(stub).hint
+
+
+def tested_in(checker_name: str, tests: Path = ROOT / "tests") -> list[str]:
+    """The test files that exercise a checker (they pass the reference and fail planted bugs)."""
+    short = checker_name.rsplit(".", 1)[1]
+    return sorted(f"tests/{p.name}" for p in tests.glob("test_*.py")
+                  if re.search(rf"\b{short}\b", p.read_text(encoding="utf-8")) and p.name != "test_answer_key.py")
+
+
+def source_block(obj: Any) -> str:
+    path = Path(inspect.getsourcefile(obj) or "").resolve()
+    lines, _ = inspect.getsourcelines(obj)
+    where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name  # no line: edits above move it
+    qualname = f"{obj.__module__}.{obj.__qualname__}"
+    code = textwrap.dedent("".join(lines)).rstrip()  # a method's source is indented
+    return f"`{qualname}` ({where}):\n\n```python\n{code}\n```"
+
+
+def helpers_called(fn: Any, given: str) -> list[Any]:
+    """labkit functions that ``fn`` calls by name, except those the stub already imports (``given``)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    names = dict.fromkeys(n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
+    found = []
+    for name in names:
+        obj = getattr(fn, "__globals__", {}).get(name)
+        if inspect.isfunction(obj) and obj.__module__.startswith("labkit") and not re.search(rf"\b{name}\b", given):
+            found.append(obj)
+    return found
+
+
+def render(tasks: list[Task]) -> str:
+    out = [
+        "# Answer key",
+        "",
+        "<!-- Generated by scripts/make_answer_key.py from the notebooks and labkit's reference implementations. "
+        "Do not edit by hand: run `.venv/bin/python scripts/make_answer_key.py`. tests/test_answer_key.py fails "
+        "when this file is out of date. -->",
+        "",
+        "**Spoilers.** Every exercise of the workbook with the reference solution the notebook falls back to. "
+        "Each solution is labkit's own code, the code the engines run, so a learner's answer is right when the "
+        "check cell passes, not when it looks like this one: many other implementations pass too. The checker "
+        "column names the function the check cell calls; the tests named beside it show that the checker passes "
+        "this reference and fails planted bugs.",
+        "",
+        "| notebook | task | mirrors | checker | tested in |",
+        "|---|---|---|---|---|",
+    ]
+    for t in tasks:
+        tests = ", ".join(f"`{p}`" for p in tested_in(t.checker_name)) or "—"
+        out.append(f"| {t.notebook} | [Task {t.number}: {t.title}](#{t.key}) | `{t.mirrors}` | "
+                   f"`{t.checker_name.rsplit('.', 1)[1]}` | {tests} |")
+    current = None
+    for t in tasks:
+        if t.notebook != current:
+            current = t.notebook
+            out += ["", f"## Notebook {t.notebook[:2]} · {t.notebook[3:]}"]
+        out += [
+            "", f'<a id="{t.key}"></a>', "", f"### Task {t.number}: {t.title}", "",
+            f"Mirrors `{t.mirrors}`. Check cell: `{t.checker_name}`, falling back to `{t.reference_expr}`.", "",
+            f"The checker's hint on failure: *{checker_hint(t)}*", "",
+            "The stub the learner starts from:", "", f"```python\n{t.stub}\n```", "",
+            "Reference solution, " + source_block(t.mirrored),
+        ]
+        for helper in helpers_called(t.mirrored, t.stub):
+            out += ["", "which calls " + source_block(helper)]
+        if t.reference is not t.mirrored:
+            out += ["", "The plain function the notebook falls back to, " + source_block(t.reference)]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed answer key is out of date")
+    args = parser.parse_args()
+    text = render(collect_tasks())
+    if args.check:
+        if not ANSWER_KEY.is_file() or ANSWER_KEY.read_text(encoding="utf-8") != text:
+            sys.exit(f"{ANSWER_KEY.relative_to(ROOT)} is out of date: run .venv/bin/python scripts/make_answer_key.py")
+        print(f"{ANSWER_KEY.relative_to(ROOT)} is up to date")
+        return
+    ANSWER_KEY.parent.mkdir(parents=True, exist_ok=True)
+    ANSWER_KEY.write_text(text, encoding="utf-8")
+    print(f"wrote {ANSWER_KEY.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

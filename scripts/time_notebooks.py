@@ -1,0 +1,114 @@
+"""Time each notebook's full (non-smoke) run on this machine, one at a time: the learner path's time column.
+
+    .venv/bin/python scripts/time_notebooks.py 00 01 02        # or no arguments: every notebook
+    .venv/bin/python scripts/time_notebooks.py --smoke 03      # smoke mode, as the test suite runs it
+
+Each notebook runs with ``jupyter nbconvert --execute`` into a temporary folder (the committed notebooks are
+never touched). Beside each time it reports how busy *other* processes kept the CPUs during the run and the
+load average, because on a shared machine that load inflates every time. Writes ``results/notebook_times.json``
+(results/ is git-ignored) and prints a Markdown table, with the three slowest cells of each notebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import cpu_jiffies, md_table  # noqa: E402
+
+
+@dataclass
+class NotebookTime:
+    notebook: str
+    smoke: bool
+    ok: bool
+    wall_s: float
+    own_cpu_s: float  # CPU time of nbconvert and its kernel
+    other_cpu_load: float | None  # share of all CPUs that other processes kept busy during the run
+    loadavg_before: float
+    loadavg_after: float
+    slowest_cells: list[tuple[int, float]]  # (cell index, seconds)
+
+
+def cell_seconds(executed: Path) -> list[tuple[int, float]]:
+    """(index, seconds) of every code cell, from the timestamps nbclient records in cell metadata."""
+    nb = json.loads(executed.read_text())
+    out = []
+    for i, cell in enumerate(nb["cells"]):
+        meta = cell.get("metadata", {}).get("execution", {})
+        start, end = meta.get("iopub.execute_input"), meta.get("shell.execute_reply")
+        if start and end:
+            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            out.append((i, round(seconds, 1)))
+    return out
+
+
+def time_notebook(path: Path, smoke: bool, outdir: Path, timeout_s: int) -> NotebookTime:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", LABKIT_SMOKE="1" if smoke else "0")
+    env.pop("CI", None)  # CI=true would switch smoke mode on
+    cmd = [str(ROOT / ".venv/bin/jupyter"), "nbconvert", "--to", "notebook", "--execute",
+           f"--ExecutePreprocessor.timeout={timeout_s}", "--output-dir", str(outdir), "--output", path.stem, str(path)]
+    load_before = os.getloadavg()[0]
+    machine0, children0 = cpu_jiffies(), os.times()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    machine1, children1 = cpu_jiffies(), os.times()
+    own = (children1.children_user + children1.children_system
+           - children0.children_user - children0.children_system)  # nbconvert and the kernel it reaped
+    other = None
+    if machine0 and machine1 and machine1[1] > machine0[1]:
+        busy = machine1[0] - machine0[0] - own * os.sysconf("SC_CLK_TCK")
+        other = max(0.0, busy / (machine1[1] - machine0[1]))
+    if proc.returncode:
+        print(proc.stderr[-3000:], file=sys.stderr)
+    executed = outdir / f"{path.stem}.ipynb"
+    cells = cell_seconds(executed) if executed.is_file() else []
+    return NotebookTime(path.stem, smoke, proc.returncode == 0, round(wall, 1), round(own, 1), other,
+                        load_before, os.getloadavg()[0], sorted(cells, key=lambda c: -c[1])[:3])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("numbers", nargs="*", help="notebook numbers (default: all)")
+    parser.add_argument("--smoke", action="store_true", help="time smoke mode instead of the full run")
+    parser.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
+    parser.add_argument("--keep", type=Path, help="folder for the executed notebooks (default: a temporary one)")
+    args = parser.parse_args()
+    paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    if args.numbers:
+        paths = [p for p in paths if p.name[:2] in args.numbers]
+    outdir = args.keep or Path(tempfile.mkdtemp(prefix="labkit-nbtimes-"))
+    outdir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for path in paths:  # one at a time: two notebooks at once would share the CPUs and inflate both
+        r = time_notebook(path, args.smoke, outdir, args.timeout)
+        results.append(r)
+        print(f"{r.notebook}: {'ok' if r.ok else 'FAILED'} {r.wall_s:.0f} s (other load "
+              f"{'?' if r.other_cpu_load is None else f'{r.other_cpu_load:.0%}'}, loadavg {r.loadavg_before:.2f}"
+              f" -> {r.loadavg_after:.2f}); slowest cells {r.slowest_cells}", flush=True)
+    (ROOT / "results").mkdir(exist_ok=True)
+    out = ROOT / "results" / "notebook_times.json"
+    previous = json.loads(out.read_text()) if out.is_file() else {}
+    previous.update({f"{r.notebook}{'-smoke' if r.smoke else ''}": asdict(r) for r in results})
+    out.write_text(json.dumps(previous, indent=2))
+    rows = [[r.notebook, "yes" if r.ok else "FAILED", f"{r.wall_s / 60:.1f}",
+             "?" if r.other_cpu_load is None else f"{r.other_cpu_load:.0%}", f"{r.loadavg_before:.2f}"]
+            for r in results]
+    print(md_table(["notebook", "ran", "minutes", "other CPU load", "loadavg at start"], rows))
+    print(f"executed notebooks in {outdir}; times in {out}")
+
+
+if __name__ == "__main__":
+    main()

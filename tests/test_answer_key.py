@@ -1,0 +1,132 @@
+"""docs/answer_key.md is generated from the notebooks and labkit, covers every Task, and each reference passes."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import labkit.exercises
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "make_answer_key.py"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_answer_key", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_answer_key"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+key = load_script()
+TASKS = key.collect_tasks()
+
+
+def cells(path: Path) -> list[tuple[str, str]]:
+    return [(c["cell_type"], "".join(c["source"])) for c in json.loads(path.read_text())["cells"]]
+
+
+def test_committed_answer_key_is_up_to_date() -> None:
+    committed = (ROOT / "docs" / "answer_key.md").read_text(encoding="utf-8")
+    assert committed == key.render(TASKS), "docs/answer_key.md is stale: run python scripts/make_answer_key.py"
+
+
+def test_every_task_of_every_notebook_is_in_the_key() -> None:
+    # Parsed here independently of the generator: any markdown line that names a "Task N" as a heading.
+    headings = {(p.stem, int(n)) for p in NOTEBOOKS for kind, text in cells(p) if kind == "markdown"
+                for n in re.findall(r"^#+\s*Task\s+(\d+)\b", text, re.MULTILINE)}
+    assert headings, "the notebooks have exercises"
+    assert {(t.notebook, t.number) for t in TASKS} == headings
+    committed = (ROOT / "docs" / "answer_key.md").read_text(encoding="utf-8")
+    for notebook, number in headings:
+        assert f'<a id="{notebook[:2]}-task-{number}"></a>' in committed, f"{notebook} Task {number} missing"
+
+
+def test_one_check_cell_per_task() -> None:
+    for path in NOTEBOOKS:
+        text = "\n".join(s for kind, s in cells(path) if kind == "code")
+        num_checks = len(re.findall(r"use_or_reference\(\s*check_\w+\(", text))
+        num_tasks = sum(t.notebook == path.stem for t in TASKS)
+        assert num_checks == num_tasks, f"{path.name}: {num_checks} check cells for {num_tasks} tasks"
+
+
+def test_every_checker_is_used_by_a_notebook_task() -> None:
+    defined = set()
+    for module_path in sorted(Path(labkit.exercises.__file__).parent.glob("ch*.py")):
+        module = importlib.import_module(f"labkit.exercises.{module_path.stem}")
+        defined |= {f"{module.__name__}.{name}" for name in dir(module)
+                    if name.startswith("check_") and getattr(module, name).__module__ == module.__name__}
+    assert defined == {t.checker_name for t in TASKS}, "a checker no notebook calls, or a task with no checker"
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.key)
+def test_the_key_shows_a_reference_that_passes_the_checker(task) -> None:  # type: ignore[no-untyped-def]
+    result = task.checker(task.reference)
+    assert result.passed, result.message()
+    assert "def " + task.mirrored.__name__ in key.source_block(task.mirrored)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.key)
+def test_the_stub_in_the_key_is_reported_not_started(task) -> None:  # type: ignore[no-untyped-def]
+    namespace: dict[str, object] = {}
+    exec(compile(task.stub, f"<{task.key} stub>", "exec"), namespace)  # the notebook's own stub cell
+    defined = [v for v in namespace.values()  # the stub's own function, not what it imports
+               if inspect.isfunction(v) and v.__code__.co_filename == f"<{task.key} stub>"]
+    assert len(defined) == 1, f"the stub cell should define one function, defined {list(namespace)}"
+    assert task.checker(defined[0]).status == "not started"
+
+
+def write_notebook(folder: Path, name: str, sources: list[tuple[str, str]]) -> None:
+    nb = {"cells": [{"cell_type": kind, "metadata": {}, "source": text, **({"outputs": [], "execution_count": None}
+                                                                           if kind == "code" else {})}
+                    for kind, text in sources], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (folder / name).write_text(json.dumps(nb))
+
+
+TASK_MD = "### Task 1 — the admission rule\n\nWrite `admit`. It mirrors **`labkit.scheduling_policy.admit_fcfs`**."
+STUB = "def admit(waiting, num_free_slots, token_budget, num_free_blocks):\n    raise NotImplementedError"
+CHECK = ("from labkit.exercises import use_or_reference\nfrom labkit.exercises.ch07 import check_admit_fcfs\n"
+         "from labkit.scheduling_policy import admit_fcfs\n\n"
+         "admit = use_or_reference(check_admit_fcfs(admit), admit, admit_fcfs)")
+
+
+def test_collects_a_task_and_resolves_names_through_the_notebook_imports(tmp_path: Path) -> None:
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", CHECK)])
+    (task,) = key.collect_tasks(tmp_path)
+    from labkit.exercises.ch07 import check_admit_fcfs
+    from labkit.scheduling_policy import admit_fcfs
+
+    assert (task.notebook, task.number, task.title) == ("42_demo", 1, "the admission rule")
+    assert task.checker is check_admit_fcfs and task.reference is admit_fcfs and task.mirrored is admit_fcfs
+    text = key.render([task])
+    assert '<a id="42-task-1"></a>' in text and "def admit_fcfs(" in text and STUB in text
+
+
+def test_a_task_without_a_check_cell_is_an_error_naming_it(tmp_path: Path) -> None:
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB)])
+    with pytest.raises(key.AnswerKeyError, match=r"42_demo.ipynb, Task 1: expected a stub cell"):
+        key.collect_tasks(tmp_path)
+
+
+def test_a_task_that_names_no_mirrored_symbol_is_an_error(tmp_path: Path) -> None:
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", "### Task 1 — admission\n\nWrite `admit`."),
+                                               ("code", STUB), ("code", CHECK)])
+    with pytest.raises(key.AnswerKeyError, match="which labkit symbol it mirrors"):
+        key.collect_tasks(tmp_path)
+
+
+def test_an_unimported_reference_is_an_error(tmp_path: Path) -> None:
+    check = CHECK.replace("from labkit.scheduling_policy import admit_fcfs\n", "")
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", check)])
+    with pytest.raises(key.AnswerKeyError, match="cannot tell where 'admit_fcfs' comes from"):
+        key.collect_tasks(tmp_path)
