@@ -165,3 +165,16 @@ def report_header(title: str, command: str, hw: Hardware, wall_s: float, other_l
         ]),
         "",
     ]
+
+
+def finish_report(text: str, out: Path | None, load: float | None) -> None:
+    """Warn if other programs loaded the CPUs during the run, print the report, write it where asked."""
+    if load is not None and load > 0.1:
+        print(f"warning: other processes kept {load:.0%} of the CPUs busy during the run; timings are skewed",
+              file=sys.stderr)
+    print()
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")

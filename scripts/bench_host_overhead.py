@@ -48,7 +48,7 @@ from labkit.profiling import profile_engine  # noqa: E402
 from labkit.roofline import decode_cost, mbu  # noqa: E402
 from labkit.workloads import prompt_ids_of_length  # noqa: E402
 
-from bench_common import Hardware, OtherLoad, bench_parser, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
+from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "host_overhead.md"
 HOST_STAGES = ("schedule", "prepare", "sample", "detokenize")  # the StageClock stages outside the forward pass
@@ -287,15 +287,7 @@ def main() -> int:
     load = other_load.fraction()
     text = report(command, hw, sizes, dtype, cells, {b: statistics.median(v) for b, v in hf.items()}, mbu_rows,
                   args.mbu_preset, roof, time.perf_counter() - t0, load)
-    if load is not None and load > 0.1:
-        print(f"warning: other processes kept {load:.0%} of the CPUs busy during the run; timings are skewed",
-              file=sys.stderr)
-    print()
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
+    finish_report(text, out, load)
     return 0
 
 

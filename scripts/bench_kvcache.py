@@ -49,7 +49,7 @@ from labkit.roofline import StepCost, decode_cost, mbu  # noqa: E402
 from labkit.timing import time_fn  # noqa: E402
 from labkit.workloads import prompt_ids_of_length  # noqa: E402
 
-from bench_common import Hardware, OtherLoad, bench_parser, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
+from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "kvcache.md"
 
@@ -456,15 +456,7 @@ def main() -> int:
 
     load = other_load.fraction()
     text = report(command, hw, roof, sizes, model_name, points, runs, res, bd, time.perf_counter() - t0, load)
-    if load is not None and load > 0.1:
-        print(f"warning: other processes kept {load:.0%} of the CPUs busy during the run; timings are skewed",
-              file=sys.stderr)
-    print()
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
+    finish_report(text, out, load)
     return 0
 
 
