@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from bench_common import (  # noqa: E402  (scripts/ is on sys.path)
     Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench,
-)  (scripts/ is on sys.path)
+)
 
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.cache.block_manager import BlockManager  # noqa: E402
