@@ -248,7 +248,8 @@ def report(command: str, hw: Hardware, sizes: Sizes, dtype: torch.dtype, cells: 
 
 
 def main() -> int:
-    parser = bench_parser("host time per engine step, before and after the host-side fixes", DEFAULT_OUT, device_help="cpu (default), cuda or auto")
+    parser = bench_parser("host time per engine step, before and after the host-side fixes", DEFAULT_OUT,
+                          device_help="cpu (default), cuda or auto")
     parser.add_argument("--mbu-preset", default=None, help="also measure decode MBU at batch 1 on this preset")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
