@@ -51,6 +51,8 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache (no prefill needed)
     num_preemptions: int = 0
+    # Async scheduling (notebook 10): tokens a launched step is sampling that the host has not seen yet (0 or 1).
+    num_pending_tokens: int = 0
     parent: Sequence | None = None  # parallel sampling (n > 1): the sample whose prompt K/V this one shares
     error: str | None = None  # why it failed (finish_reason ERROR)
     error_cause: BaseException | None = field(default=None, repr=False)  # the exception, for tracebacks
@@ -70,6 +72,21 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose K/V are still to compute, counting one still being sampled (async scheduling)."""
+        return self.num_tokens + self.num_pending_tokens - self.num_computed_tokens
+
+    @property
+    def pending_token_is_last(self) -> bool:
+        """Async scheduling: the token being sampled now is this sequence's last (max_tokens or the context
+        is used up), so it needs no further step."""
+        if not self.num_pending_tokens:
+            return False
+        max_tokens = self.params.max_tokens
+        return ((max_tokens is not None and self.num_output_tokens + self.num_pending_tokens >= max_tokens)
+                or self.num_tokens + self.num_pending_tokens >= self.max_model_len)
 
     @property
     def is_finished(self) -> bool:

@@ -1,5 +1,6 @@
 """The engine's options for closing host gaps (notebook 10): CUDA graphs and async scheduling on a GPU,
-clear errors on a CPU, and the CPU-side fix (vectorised input preparation) changing no token.
+a clear error for CUDA graphs on a CPU, and the CPU-side fix (vectorised input preparation) changing no token.
+Async scheduling on the CPU is tested in tests/test_async_scheduling.py.
 
 The GPU tests are marked ``cuda`` and run only where CUDA exists; the rest run everywhere.
 """
@@ -30,11 +31,6 @@ def _tokens(llm: LLM) -> list[list[int]]:
 def test_cuda_graphs_fail_clearly_on_cpu() -> None:
     with pytest.raises(ValueError, match=r"enforce_eager=False needs a CUDA device.*runs on cpu"):
         LLM("labkit-tiny", engine="chunked", device="cpu", enforce_eager=False)
-
-
-def test_async_scheduling_is_refused_not_ignored() -> None:
-    with pytest.raises(ValueError, match=r"async_scheduling=True is not implemented in labkit yet"):
-        LLM("labkit-tiny", engine="chunked", async_scheduling=True)
 
 
 def test_host_option_values_are_checked() -> None:
@@ -68,7 +64,9 @@ def eager_tokens() -> list[list[int]]:
 @pytest.mark.parametrize("options", [
     {"enforce_eager": False},
     {"enforce_eager": False, "cuda_graph_sizes": (1, 4)},  # batches of 5 fall outside every bucket: run eagerly
-], ids=["cuda-graphs", "few-buckets"])
+    {"async_scheduling": True},
+    {"async_scheduling": True, "enforce_eager": False},  # graphs replayed from the async worker thread
+], ids=["cuda-graphs", "few-buckets", "async", "async-cuda-graphs"])
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_options_keep_greedy_tokens(options: dict, eager_tokens: list[list[int]]) -> None:

@@ -3,7 +3,7 @@
 Random prompt lengths (some sharing a prefix, for the prefix cache, some repeating a few tokens, so
 equal blocks follow different prefixes), random sampling parameters
 (greedy, temperature, top-k, top-p, seeds, n > 1, stop strings and stop tokens), arrivals spread over
-the run, aborts, and injected step faults, on a pool barely larger than the largest request: requests
+the run, aborts, and injected step faults (with and without async scheduling), on a pool barely larger than the largest request: requests
 wait, get preempted and are recomputed. The block manager's invariants are checked after every step
 (``debug_checks``); at the end every request has finished and every block is free. Every completion
 must equal a reference run of the same requests in static batches over a contiguous cache (float64,
@@ -103,8 +103,9 @@ def tiny(random_checkpoint) -> Path:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("seed", sorted(CONFIGS))
-def test_random_traffic_on_a_small_pool(tiny: Path, seed: int) -> None:
+def test_random_traffic_on_a_small_pool(tiny: Path, seed: int, async_scheduling: bool) -> None:
     cfg = CONFIGS[seed]
     plan = workload(seed, NUM_REQUESTS)
     rng = random.Random(seed + 100)
@@ -112,7 +113,8 @@ def test_random_traffic_on_a_small_pool(tiny: Path, seed: int) -> None:
     num_blocks = -(-largest // cfg.block_size) + cfg.spare_blocks
     llm = LLM(str(tiny), engine="chunked", dtype="float64", debug_checks=True, block_size=cfg.block_size,
               num_gpu_blocks=num_blocks, max_num_seqs=cfg.max_num_seqs,
-              max_num_batched_tokens=cfg.max_num_batched_tokens, enable_prefix_caching=cfg.enable_prefix_caching)
+              max_num_batched_tokens=cfg.max_num_batched_tokens, enable_prefix_caching=cfg.enable_prefix_caching,
+              async_scheduling=async_scheduling)
     faults = StepFaults(set(rng.sample(range(5, 400), 4)))
     llm.engine.fault_hook = faults
 

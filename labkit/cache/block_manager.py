@@ -138,7 +138,8 @@ class BlockManager:
             return
         tokens = seq.token_ids
         parent: int | None = None
-        for i in range(seq.num_computed_tokens // self.block_size):
+        # Only blocks whose token ids are all known (async scheduling computes one before it is seen).
+        for i in range(min(seq.num_computed_tokens, len(tokens)) // self.block_size):
             block = self.blocks[seq.block_table[i]]
             chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             if block.block_hash is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.engine.async_scheduling import AsyncSchedulingMixin
 from labkit.engine.base import StageClock
 from labkit.engine.paged import PagedConfig, PagedEngineBase
 from labkit.engine.scheduler import Scheduler
@@ -30,8 +31,11 @@ class ContinuousConfig(PagedConfig):
             raise ValueError(f"max_num_batched_tokens must be an int >= 1, got {n!r}")
 
 
-class ContinuousEngine(PagedEngineBase):
-    """Continuous batching: requests join and leave at every step. Notebook 07."""
+class ContinuousEngine(AsyncSchedulingMixin, PagedEngineBase):
+    """Continuous batching: requests join and leave at every step. Notebook 07.
+
+    With ``async_scheduling=True`` the next step is planned while the device runs this one (notebook 10).
+    """
 
     name = "continuous"
     config_class = ContinuousConfig
@@ -67,7 +71,7 @@ class ContinuousEngine(PagedEngineBase):
         self.scheduler.add(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def unfinished_sequences(self) -> list[Sequence]:
         return list(self.scheduler.running) + list(self.scheduler.waiting)
@@ -81,7 +85,16 @@ class ContinuousEngine(PagedEngineBase):
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
 
+    def _fail_step(self, exc: BaseException) -> list[Sequence]:
+        self._drain_in_flight()  # its blocks may be about to be freed: let the device finish with them first
+        failed = super()._fail_step(exc)
+        for seq in failed:
+            seq.num_pending_tokens = 0
+        return failed
+
     def _step(self) -> list[Sequence]:
+        if self.config.async_scheduling:
+            return self._step_async()
         clock = StageClock(self.device)
         with clock.stage("schedule"):
             batch = self.scheduler.schedule(clock.start)

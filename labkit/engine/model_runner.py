@@ -43,6 +43,27 @@ class ScheduledBatch:
         return len(self.seqs)
 
 
+@dataclass
+class StepInputs:
+    """A prepared step: the device tensors and who samples. Notebook 06; async scheduling in notebook 10."""
+
+    input_ids: torch.Tensor  # (1, N)
+    positions: torch.Tensor  # (1, N)
+    meta: PagedAttentionMetadata
+    logits_rows: list[int]  # rows of the N tokens whose logits are sampled
+    samplers: list[Sequence]  # the sequences those rows belong to, in order
+    copies: list[tuple[int, int]]  # copy-on-write block copies to run before the forward pass
+    # Async scheduling: (row, sequence) whose input token the previous step is still sampling.
+    pending_rows: list[tuple[int, Sequence]] = field(default_factory=list)
+
+
+def new_token_ids(seq: Sequence, start: int, n: int) -> list[int]:
+    """Ids of positions start..start+n-1. Under async scheduling the last may still be being sampled by the
+    launched step: it is 0 here and ``ModelRunner.fill_pending`` writes it in before the forward pass."""
+    ids = seq.token_ids[start : start + n]
+    return ids + [0] * (n - len(ids))
+
+
 SMALL_BATCH_TOKENS = 8  # below this many tokens the plain loop is cheaper than setting up array arithmetic
 
 
@@ -79,10 +100,10 @@ class ModelRunner:
         logits_rows: list[int] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
-            ids += seq.token_ids[start : start + n]
+            ids += new_token_ids(seq, start, n)
             positions += range(start, start + n)
             slots += [self.block_manager.slot(seq, p) for p in range(start, start + n)]
-            if start + n == seq.num_tokens:  # caught up: this step yields the sequence's next token
+            if start + n == seq.num_tokens + seq.num_pending_tokens:  # caught up: this step yields the next token
                 logits_rows.append(len(ids) - 1)
         meta = PagedAttentionMetadata(
             query_lens=list(batch.num_new_tokens),
@@ -101,8 +122,8 @@ class ModelRunner:
         # NumPy, not torch, for the index arithmetic: each small torch op costs microseconds of dispatch.
         seqs, q_lens = batch.seqs, batch.num_new_tokens
         starts = [s.num_computed_tokens for s in seqs]
-        ids = list(chain.from_iterable(s.token_ids[a : a + n] for s, a, n in zip(seqs, starts, q_lens)))
-        tables = [s.block_table for s in seqs]
+        ids = list(chain.from_iterable(new_token_ids(s, a, n) for s, a, n in zip(seqs, starts, q_lens)))
+        tables = [list(s.block_table) for s in seqs]  # copies: the scheduler may extend them while this step runs
         width = max(len(t) for t in tables)
         table = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int64)  # (B, max_blocks)
         q_len = np.array(q_lens, dtype=np.int64)  # (B,)
@@ -111,7 +132,7 @@ class ModelRunner:
         pos = np.array(starts, dtype=np.int64)[row] + np.arange(len(ids)) - (ends - q_len)[row]  # (N,)
         bs = self.pool.block_size
         slots = table[row, pos // bs] * bs + pos % bs  # (N,)
-        sampled = np.array([a + n == s.num_tokens for s, a, n in zip(seqs, starts, q_lens)])  # (B,)
+        sampled = np.array([a + n == s.num_tokens + s.num_pending_tokens for s, a, n in zip(seqs, starts, q_lens)])
         # One host -> device copy for ids, positions and slots together.
         packed = torch.from_numpy(np.stack([np.array(ids, dtype=np.int64), pos, slots]))  # (3, N)
         packed = packed.to(self.device, non_blocking=True)
@@ -124,22 +145,66 @@ class ModelRunner:
         )
         return packed[0][None], packed[1][None], meta, (ends[sampled] - 1).tolist()
 
+    def prepare_step(self, batch: ScheduledBatch) -> StepInputs:
+        """Everything the device needs for one step, built on the host."""
+        input_ids, positions, meta, logits_rows = self.prepare(batch)
+        samplers, pending_rows, ends = [], [], 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            ends += n
+            if seq.num_computed_tokens + n == seq.num_tokens + seq.num_pending_tokens:
+                samplers.append(seq)
+            if seq.num_pending_tokens and seq.num_computed_tokens + n > seq.num_tokens:
+                pending_rows.append((ends - 1, seq))  # its input is the token the launched step is sampling
+        return StepInputs(input_ids, positions, meta, logits_rows, samplers, list(batch.copies), pending_rows)
+
+    @staticmethod
+    def fill_pending(inputs: StepInputs) -> None:
+        """Async scheduling: once the previous step's tokens are known, write them into this step's inputs."""
+        if not inputs.pending_rows:
+            return
+        rows = torch.tensor([r for r, _ in inputs.pending_rows], device=inputs.input_ids.device)
+        tokens = torch.tensor([seq.output_token_ids[-1] for _, seq in inputs.pending_rows],
+                              dtype=torch.long, device=inputs.input_ids.device)
+        inputs.input_ids[0, rows] = tokens
+        inputs.pending_rows = []
+
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, clock: StageClock) -> list[tuple[Sequence, int]]:
-        """One forward pass; returns (sequence, sampled token) for sequences that sample this step."""
-        with clock.stage("prepare"):
-            self.pool.copy_blocks(batch.copies)
-            input_ids, positions, meta, logits_rows = self.prepare(batch)
+    def execute(self, inputs: StepInputs, clock: StageClock) -> list[int]:
+        """The device's part of a step: block copies, one forward pass, sampling. Touches no host bookkeeping,
+        so async scheduling can run it on a worker thread while the host prepares the next step."""
+        assert not inputs.pending_rows, "fill_pending before execute"
         with clock.stage("forward"):
+            self.pool.copy_blocks(inputs.copies)
+            meta, rows = inputs.meta, inputs.logits_rows
             if self.graphs is not None and self.graphs.can_run(meta):
-                hidden = self.graphs.run(input_ids, positions, meta)  # (1, B, hidden): replayed
+                hidden = self.graphs.run(inputs.input_ids, inputs.positions, meta)  # (1, B, hidden): replayed
             else:
-                hidden = self.model(input_ids, positions, PagedAttention(self.pool, meta))  # (1, N, hidden)
-            logits = self.model.compute_logits(hidden[0, logits_rows]) if logits_rows else None  # (n_sampled, vocab)
+                hidden = self.model(inputs.input_ids, inputs.positions, PagedAttention(self.pool, meta))  # (1, N, hidden)
+            logits = self.model.compute_logits(hidden[0, rows]) if rows else None  # (n_sampled, vocab)
         with clock.stage("sample"):
-            samplers = [s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == s.num_tokens]
-            tokens = sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if logits is not None else []
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                seq.num_computed_tokens += n
-                self.block_manager.cache_full_blocks(seq)
-        return list(zip(samplers, tokens))
+            samplers = inputs.samplers
+            return sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if samplers else []
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """The step's tokens are computed: move each sequence on and offer its full blocks to the prefix cache."""
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+
+    @staticmethod
+    def advance_launched(batch: ScheduledBatch, inputs: StepInputs) -> None:
+        """Async scheduling: count a launched step's tokens as computed and its samples as pending, so the
+        next step can be planned before the device finishes (blocks are offered to the prefix cache later)."""
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+        for seq in inputs.samplers:
+            seq.num_pending_tokens = 1
+
+    def run(self, batch: ScheduledBatch, clock: StageClock) -> list[tuple[Sequence, int]]:
+        """One synchronous step; returns (sequence, sampled token) for sequences that sample this step."""
+        with clock.stage("prepare"):
+            inputs = self.prepare_step(batch)
+        tokens = self.execute(inputs, clock)
+        with clock.stage("sample"):
+            self.advance(batch)
+        return list(zip(inputs.samplers, tokens))

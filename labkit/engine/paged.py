@@ -41,7 +41,7 @@ class PagedConfig(EngineConfig):
     prepare_inputs: str = "vectorized"
     enforce_eager: bool = True  # False: capture decode steps as CUDA graphs and replay them (CUDA only)
     cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch-size buckets
-    async_scheduling: bool = False  # vLLM's overlap of host scheduling with device work: not implemented yet
+    async_scheduling: bool = False  # plan step N+1 while the device runs step N (continuous, chunked; notebook 10)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "block_size"):
@@ -93,9 +93,9 @@ class PagedEngineBase(Engine):
         if not self.config.enforce_eager and model.device.type != "cuda":
             raise ValueError(f"enforce_eager=False needs a CUDA device (CUDA graphs hide GPU launch overhead); this "
                              f"engine runs on {model.device.type}. Notebook 10 shows the CPU-side fixes instead.")
-        if self.config.async_scheduling:
-            raise ValueError("async_scheduling=True is not implemented in labkit yet: its scheduler runs step by "
-                             "step (notebook 10 explains what overlapping would change); leave it False")
+        if self.config.async_scheduling and self.name == "paged":
+            raise ValueError("async_scheduling=True needs an iteration-level scheduler: use engine 'continuous' or "
+                             "'chunked' (engine 'paged' runs static batches)")
         self.num_blocks = pool_num_blocks(model, self.config)
         # One block more than the manager hands out: the scratch block padded CUDA-graph rows write to.
         self.pool = PagedKVPool(model.config, self.num_blocks + 1, self.config.block_size, model.device, model.dtype)

@@ -57,12 +57,13 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
 
-    def _reserve(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+    def _reserve(self, seq: Sequence, n: int, batch: ScheduledBatch, in_flight: set[int]) -> bool:
         """Blocks for n more tokens of a running sequence, preempting newer ones if needed."""
         bm = self.block_manager
         while not bm.can_allocate(seq, n):
             victim = self.running[-1]
-            if victim in batch.seqs:  # never preempt what this step already scheduled
+            # Never preempt what this step already scheduled, nor what a launched step is still computing.
+            if victim in batch.seqs or id(victim) in in_flight:
                 return False
             self.preempt(victim)
             if victim is seq:
@@ -72,21 +73,25 @@ class Scheduler:
         batch.num_new_tokens.append(n)
         return True
 
-    def schedule(self, now: float) -> ScheduledBatch:
+    def schedule(self, now: float, in_flight: set[int] | None = None) -> ScheduledBatch:
+        """The next step's batch. ``in_flight``: ``id()`` of the sequences of a step still running on the device
+        (async scheduling): they are scheduled as if their pending token were known, and never preempted."""
+        in_flight = in_flight or set()
         batch = ScheduledBatch([], [])
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
         # 1. Every running decode (one token each), oldest first.
-        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        # (A sequence whose token being sampled is its last needs no further step.)
+        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1 and not s.pending_token_is_last]
         for seq in decodes:
-            if seq in self.running and budget >= 1 and self._reserve(seq, 1, batch):
+            if seq in self.running and budget >= 1 and self._reserve(seq, 1, batch, in_flight):
                 budget -= 1
         # 2. Running sequences part-way through a chunked prefill (or a recompute).
-        for seq in [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]:
+        for seq in [s for s in self.running if s.num_uncomputed_tokens > 1]:
             if seq not in self.running or budget == 0:
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if self._reserve(seq, n, batch):
+            n = min(seq.num_uncomputed_tokens, budget)
+            if self._reserve(seq, n, batch, in_flight):
                 budget -= n
         # 3. Admit waiting requests FCFS while slots, budget and blocks allow (not while preempting).
         bm = self.block_manager
