@@ -223,3 +223,11 @@ def test_union_helpers() -> None:
     assert merge_intervals([(5, 6), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 6)]
     assert busy_time([(0, 10), (2, 3), (8, 20)], 5, 15) == 10
     assert busy_time([], 0, 1) == 0
+
+
+def test_an_async_engine_is_refused_not_traced_blind(tmp_path: Path) -> None:
+    llm = LLM("labkit-tiny", engine="chunked", async_scheduling=True)
+    with pytest.raises(ValueError, match="cannot trace an engine with async_scheduling=True: its forward pass runs "
+                                         "on a worker thread"):
+        profile_engine(llm, ["Once upon a time"], logdir=tmp_path)
+    assert not llm.engine.has_unfinished_requests()

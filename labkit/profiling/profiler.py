@@ -124,6 +124,11 @@ def profile_engine(
     ``logdir/run_name/``. ``record_shapes`` / ``with_stack`` make the trace richer and the run slower.
     ``warmup`` first runs one short untraced request, so one-off start-up costs stay out of the trace.
     """
+    if getattr(llm.engine.config, "async_scheduling", False):
+        raise ValueError("profile_engine cannot trace an engine with async_scheduling=True: its forward pass runs on "
+                         "a worker thread, whose operators torch.profiler does not record, so the trace would show a "
+                         "device that never works. Profile the same engine with async_scheduling=False (its steps "
+                         "compute the same), and compare wall time per step to see what the overlap saves")
     if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
         prompts = [prompts]  # type: ignore[list-item]
     prompts = list(prompts)  # type: ignore[arg-type]
