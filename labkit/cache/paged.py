@@ -5,12 +5,21 @@ batch is *ragged*: all sequences' new tokens are concatenated into one row of N 
 each new K/V goes to the slot ``slot_mapping`` names, and each sequence attends to its own blocks.
 This is the readable, gather-based reference (vLLM's kernels read blocks in place instead).
 Introduced in notebook 06 (``06_paged_attention``).
+
+Decode attention comes in two forms. ``decode_attention`` pads every sequence's blocks to the
+widest block table and runs one masked SDPA: its shapes depend only on the batch size, so a CUDA
+graph can replay it (notebook 10), but a short sequence next to a long one pays for the padding.
+``split_decode_attention`` pads nothing: it attends to each (sequence, block) pair on its own and
+then merges the pairs of a sequence exactly, with the log-sum-exp trick. That is flash-decoding's
+split-and-combine, and it is close to what vLLM's paged kernel does when it reads blocks in place.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 
 from labkit.model.attention import sdpa
@@ -82,6 +91,61 @@ def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
 
 
 @dataclass
+class DecodeSplit:
+    """The (sequence, block) pairs a step's decodes read: P pairs, built once per step for every layer."""
+
+    row: torch.Tensor  # (P,) the decode row (sequence) each pair belongs to
+    block: torch.Tensor  # (P,) the pool block each pair reads
+    bias: torch.Tensor  # (P * n_kv, 1, block_size) additive mask: 0 for slots that hold context, -inf past its end
+
+
+def split_decode_blocks(block_tables: list[list[int]], context_lens: list[int], block_size: int, n_kv: int,
+                        dtype: torch.dtype, device: torch.device) -> DecodeSplit:
+    """One pair per block that holds context. NumPy does the index arithmetic: each torch op costs microseconds."""
+    ctx = np.array(context_lens, dtype=np.int64)  # (B,)
+    n_blocks = -(-ctx // block_size)  # (B,) blocks holding context (a table may own more)
+    row = np.repeat(np.arange(len(ctx)), n_blocks)  # (P,)
+    nth = np.arange(len(row)) - (np.cumsum(n_blocks) - n_blocks)[row]  # (P,) the block's place in its table
+    block = np.fromiter(chain.from_iterable(t[:n] for t, n in zip(block_tables, n_blocks.tolist())), np.int64,
+                        count=len(row))  # (P,)
+    n_valid = np.minimum(ctx[row] - nth * block_size, block_size)  # (P,) slots that hold context
+    past_end = np.where(np.arange(block_size) < n_valid[:, None], 0.0, -np.inf)  # (P, block_size)
+    bias = np.repeat(past_end, n_kv, axis=0)[:, None, :]  # (P * n_kv, 1, block_size): same for every KV head
+    bias = torch.from_numpy(bias.astype(np.float64 if dtype == torch.float64 else np.float32))
+    index = torch.from_numpy(np.stack([row, block])).to(device, non_blocking=True)  # (2, P)
+    return DecodeSplit(index[0], index[1], bias.to(device, non_blocking=True))
+
+
+def split_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                           split: DecodeSplit) -> torch.Tensor:
+    """One new token per sequence, no padding: q (B, n_heads, d) -> (B, n_heads, d).
+
+    Each (sequence, block) pair gets its own small softmax: a max m, a sum l of exp(score - m) and an
+    unnormalised output o = sum exp(score - m) v. A sequence's pairs then merge exactly: scale each by
+    exp(m - M), with M the sequence's largest m, and divide the summed o by the summed l.
+    """
+    n_pairs, (b, n_heads, d), n_kv = split.row.shape[0], q.shape, k_pool.shape[2]
+    dtype = split.bias.dtype  # float32 for 16-bit models: exp and sums need the range
+    # Gather each pair's block with its KV heads first: (P, n_kv, block_size, d), one copy, no padding.
+    keys = k_pool.transpose(1, 2).index_select(0, split.block).view(n_pairs * n_kv, -1, d).to(dtype)
+    values = v_pool.transpose(1, 2).index_select(0, split.block).view(n_pairs * n_kv, -1, d).to(dtype)
+    # Query heads h = kv * group + g share KV head kv (GQA): a free view puts each group next to its head.
+    q_rows = q.index_select(0, split.row).view(n_pairs * n_kv, -1, d).to(dtype)  # (P * n_kv, group, d)
+    scores = torch.baddbmm(split.bias, q_rows, keys.transpose(1, 2), alpha=d ** -0.5)  # (P * n_kv, group, bs)
+    m = scores.amax(-1, keepdim=True)  # every block holds >= 1 context slot: finite
+    p = scores.sub_(m).exp_()  # (P * n_kv, group, bs) in place; exp(-inf) = 0 past the context's end
+    o = torch.bmm(p, values).view(n_pairs, n_heads, d)  # (P, n_heads, d) unnormalised
+    total, m = p.sum(-1).view(n_pairs, n_heads), m.view(n_pairs, n_heads)  # (P, n_heads): l and m
+    # Combine each sequence's pairs: M = its largest m, then weights exp(m - M) <= 1 (no overflow).
+    rows = split.row[:, None].expand(n_pairs, n_heads)  # (P, n_heads)
+    big_m = m.new_full((b, n_heads), float("-inf")).scatter_reduce_(0, rows, m, "amax")  # (B, n_heads)
+    w = torch.exp(m - big_m.index_select(0, split.row))  # (P, n_heads)
+    out = o.new_zeros(b, n_heads, d).index_add_(0, split.row, o * w[..., None])  # (B, n_heads, d)
+    denom = total.new_zeros(b, n_heads).index_add_(0, split.row, total * w)  # (B, n_heads)
+    return (out / denom[..., None]).to(q.dtype)
+
+
+@dataclass
 class PrefillSlice:
     """One prefill (chunk) of a ragged step: where its new tokens sit and what it attends to."""
 
@@ -115,9 +179,9 @@ class DecodeOnlyAttention:
 class PagedAttention:
     """``AttentionBackend`` over a ``PagedKVPool`` for one step's ragged batch. Notebook 06.
 
-    Sequences with one new token (decodes) attend together in one batched call; each prefill (chunk)
-    attends on its own to its cached prefix plus its new tokens, causally. Everything that only depends
-    on the step (block-table tensors, masks) is built once here and reused by every layer.
+    Sequences with one new token (decodes) attend together, block by block (``split_decode_attention``);
+    each prefill (chunk) attends on its own to its cached prefix plus its new tokens, causally. Everything
+    that only depends on the step (block indices, masks) is built once here and reused by every layer.
     """
 
     def __init__(self, pool: PagedKVPool, meta: PagedAttentionMetadata) -> None:
@@ -131,18 +195,12 @@ class PagedAttention:
         self.num_tokens = starts[-1]
         decode_rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
         self.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)
-        self.decode_tables: torch.Tensor | None = None
-        if decode_rows:
-            if meta.block_table_tensor is not None:
-                tables = meta.block_table_tensor[decode_rows] if len(decode_rows) < len(meta.query_lens) \
-                    else meta.block_table_tensor
-            else:
-                width = max(len(meta.block_tables[i]) for i in decode_rows)
-                tables = torch.tensor([meta.block_tables[i] + [0] * (width - len(meta.block_tables[i]))
-                                       for i in decode_rows], dtype=torch.long, device=device)  # pad: any block
-            self.decode_tables = tables  # (B_decode, max_blocks)
-            lens = torch.tensor([meta.context_lens[i] for i in decode_rows], device=device)  # (B_decode,)
-            self.decode_mask = decode_mask(tables, self.block_size, lens)  # once per step, for every layer
+        self.decode_split: DecodeSplit | None = None
+        if decode_rows:  # once per step, for every layer
+            k_pool = pool.k[0]  # (num_blocks, block_size, n_kv, d)
+            self.decode_split = split_decode_blocks([meta.block_tables[i] for i in decode_rows],
+                                                    [meta.context_lens[i] for i in decode_rows],
+                                                    self.block_size, k_pool.shape[2], k_pool.dtype, device)
         self.prefills: list[PrefillSlice] = []
         for i, n in enumerate(meta.query_lens):
             if n == 1:
@@ -163,18 +221,18 @@ class PagedAttention:
         k_pool.flatten(0, 1)[self.meta.slot_mapping] = k[0]  # write new K/V into their slots
         v_pool.flatten(0, 1)[self.meta.slot_mapping] = v[0]
         if self.only_decodes:
-            assert self.decode_tables is not None
-            return decode_attention(q[0], k_pool, v_pool, self.decode_tables, self.decode_mask)[None]
+            assert self.decode_split is not None
+            return split_decode_attention(q[0], k_pool, v_pool, self.decode_split)[None]
         out = torch.empty_like(q)  # (1, N, n_heads, d)
-        if self.decode_tables is not None:
-            out[0, self.decode_token_idx] = decode_attention(
-                q[0, self.decode_token_idx], k_pool, v_pool, self.decode_tables, self.decode_mask)
+        if self.decode_split is not None:
+            out[0, self.decode_token_idx] = split_decode_attention(
+                q[0, self.decode_token_idx], k_pool, v_pool, self.decode_split)
         for p in self.prefills:
             new = slice(p.start, p.start + p.num_new)
             if p.table is None:  # its own K/V are all it attends to: plain causal attention, no gather
                 out[:, new] = sdpa(q[:, new], k[:, new], v[:, new], mask=None, is_causal=True)
                 continue
-            keys = k_pool[p.table].flatten(0, 1)[None, : p.context_len]  # (1, ctx, n_kv, d)
-            values = v_pool[p.table].flatten(0, 1)[None, : p.context_len]
+            keys = k_pool.index_select(0, p.table).flatten(0, 1)[None, : p.context_len]  # (1, ctx, n_kv, d)
+            values = v_pool.index_select(0, p.table).flatten(0, 1)[None, : p.context_len]
             out[:, new] = sdpa(q[:, new], keys, values, mask=p.mask, is_causal=False)
         return out
