@@ -23,11 +23,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 (as the reference does) so bf16 runs do not lose precision here.
-        dtype = x.dtype
-        h = x.to(torch.float32) if dtype != torch.float64 else x
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        # weight * x / sqrt(mean(x^2) + eps), over the last dimension, in one fused op (F.rms_norm).
+        if x.dtype in (torch.float32, torch.float64):
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # 16-bit inputs: normalise in float32 (as the reference does), then scale in the model's dtype.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -65,15 +65,16 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: (B, T) -> cos, sin: (B, T, 1, head_dim), computed in float32 like the reference.
         freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(positions.device)  # (B, T, d/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, d)
-        return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        # Coordinate i pairs with i + d/2, both rotated by freqs[i]. The reference's rotate_half(x) is
+        # (-x2, x1); we roll x to (x2, x1) instead and keep the minus sign in sin: (-sin, sin).
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # (B, T, d)
+        return cos.to(dtype)[:, :, None, :], sin.to(dtype)[:, :, None, :]
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: (B, T, n_heads, head_dim)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        # x: (B, T, n_heads, head_dim); the same as the reference's x * cos + rotate_half(x) * sin
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
     def _init_buffers(self) -> None:
         """Recompute inv_freq after the module was materialised from the meta device."""
