@@ -1,5 +1,6 @@
 """``split_decode_attention``: block-by-block decode attention over the paged pool, combined with the
-log-sum-exp trick, equals plain softmax(q k^T / sqrt(d)) v over each sequence's own context."""
+log-sum-exp trick, equals plain softmax(q k^T / sqrt(d)) v over each sequence's own context; so does
+``uniform_decode_attention`` (equal lengths), and ``PagedAttention`` picks the right one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import random
 import pytest
 import torch
 
-from labkit.cache.paged import decode_attention, decode_mask, split_decode_attention, split_decode_blocks
+from labkit.cache.paged import (
+    DecodeSplit,
+    PagedAttention,
+    PagedAttentionMetadata,
+    PagedKVPool,
+    UniformDecode,
+    decode_attention,
+    decode_mask,
+    split_decode_attention,
+    split_decode_blocks,
+    uniform_decode_attention,
+)
 
 CPU = torch.device("cpu")
 
@@ -147,3 +159,45 @@ def test_split_reads_only_the_blocks_that_hold_context() -> None:
     valid = (split.bias[::2, 0] == 0).sum(-1).tolist()  # context slots of each pair's block
     assert valid == [4, 4, 3, 4, 4, 1]
     assert torch.equal(split.bias[::2], split.bias[1::2])  # both KV heads see the same slots
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(8, 8), (8, 2), (8, 1)])
+@pytest.mark.parametrize("batch,context_len", [(1, 1), (1, 16), (1, 37), (3, 16), (4, 29)])
+def test_uniform_lengths_equal_per_sequence_softmax(n_heads: int, n_kv: int, batch: int, context_len: int) -> None:
+    rng = random.Random(batch * 1000 + context_len)
+    k_pool, v_pool = make_pool(60, 16, n_kv, 8, torch.float64, seed=context_len)
+    tables = random_batch(rng, 60, 16, [context_len] * batch)  # some own a spare block past the context
+    q = torch.randn(batch, n_heads, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    n = -(-context_len // 16)
+    decode = UniformDecode(torch.tensor([b for t in tables for b in t[:n]]), context_len)
+    torch.testing.assert_close(uniform_decode_attention(q, k_pool, v_pool, decode),
+                               reference(q, k_pool, v_pool, tables, [context_len] * batch), rtol=1e-12, atol=1e-10)
+
+
+@pytest.mark.parametrize("context_lens,kind", [([9], UniformDecode), ([9, 9, 9], UniformDecode),
+                                               ([9, 10], DecodeSplit), ([3, 9, 9], DecodeSplit)])
+def test_paged_attention_picks_the_form_and_both_agree(context_lens: list[int], kind: type) -> None:
+    """A decode-only step through ``PagedAttention``: the new K/V land in their slots and each row attends to
+    its own context, whichever form the step's lengths pick."""
+    from labkit.model.config import ModelConfig
+
+    config = ModelConfig(model_type="llama", vocab_size=16, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=64)
+    pool = PagedKVPool(config, 30, 4, CPU, torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=gen, dtype=torch.float64))
+    pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=gen, dtype=torch.float64))
+    tables = random_batch(random.Random(len(context_lens)), 30, 4, context_lens)
+    slots = [t[(c - 1) // 4] * 4 + (c - 1) % 4 for t, c in zip(tables, context_lens)]  # each new token's slot
+    meta = PagedAttentionMetadata([1] * len(tables), list(context_lens), tables, torch.tensor(slots))
+    attention = PagedAttention(pool, meta)
+    assert isinstance(attention.decode, kind)
+    b = len(tables)
+    q = torch.randn(1, b, 4, 8, generator=gen, dtype=torch.float64)
+    k, v = torch.randn(1, b, 2, 8, generator=gen, dtype=torch.float64), torch.randn(1, b, 2, 8, generator=gen,
+                                                                                   dtype=torch.float64)
+    out = attention.attend(0, q, k, v)[0]
+    torch.testing.assert_close(pool.k[0].flatten(0, 1)[slots], k[0], rtol=0, atol=0)
+    torch.testing.assert_close(out, reference(q[0], pool.k[0], pool.v[0], tables, list(context_lens)),
+                               rtol=1e-12, atol=1e-10)

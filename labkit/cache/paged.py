@@ -146,6 +146,24 @@ def split_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 
 
 @dataclass
+class UniformDecode:
+    """Decodes that all hold the same number of tokens (always so for one sequence): nothing to pad."""
+
+    table: torch.Tensor  # (B * n_blocks,) each sequence's blocks holding context, one sequence after the other
+    context_len: int
+
+
+def uniform_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                             decode: UniformDecode) -> torch.Tensor:
+    """One new token per sequence, equal context lengths: q (B, n_heads, d) -> (B, n_heads, d). One gather
+    and one unmasked SDPA: a handful of operations, where the split form needs some thirty (small batches)."""
+    b, n_kv, d = q.shape[0], k_pool.shape[2], k_pool.shape[3]
+    keys = k_pool.index_select(0, decode.table).view(b, -1, n_kv, d)[:, : decode.context_len]  # (B, ctx, n_kv, d)
+    values = v_pool.index_select(0, decode.table).view(b, -1, n_kv, d)[:, : decode.context_len]
+    return sdpa(q[:, None], keys, values, mask=None, is_causal=False)[:, 0]
+
+
+@dataclass
 class PrefillSlice:
     """One prefill (chunk) of a ragged step: where its new tokens sit and what it attends to."""
 
@@ -179,7 +197,8 @@ class DecodeOnlyAttention:
 class PagedAttention:
     """``AttentionBackend`` over a ``PagedKVPool`` for one step's ragged batch. Notebook 06.
 
-    Sequences with one new token (decodes) attend together, block by block (``split_decode_attention``);
+    Sequences with one new token (decodes) attend together, block by block (``split_decode_attention``), or
+    with one gather when their lengths are equal (``uniform_decode_attention``: one sequence, for instance);
     each prefill (chunk) attends on its own to its cached prefix plus its new tokens, causally. Everything
     that only depends on the step (block indices, masks) is built once here and reused by every layer.
     """
@@ -195,12 +214,17 @@ class PagedAttention:
         self.num_tokens = starts[-1]
         decode_rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
         self.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)
-        self.decode_split: DecodeSplit | None = None
+        self.decode: DecodeSplit | UniformDecode | None = None
         if decode_rows:  # once per step, for every layer
-            k_pool = pool.k[0]  # (num_blocks, block_size, n_kv, d)
-            self.decode_split = split_decode_blocks([meta.block_tables[i] for i in decode_rows],
-                                                    [meta.context_lens[i] for i in decode_rows],
-                                                    self.block_size, k_pool.shape[2], k_pool.dtype, device)
+            lens = [meta.context_lens[i] for i in decode_rows]
+            if len(set(lens)) == 1:  # nothing would be padded: one gather and plain attention
+                n = -(-lens[0] // self.block_size)
+                table = [b for i in decode_rows for b in meta.block_tables[i][:n]]
+                self.decode = UniformDecode(torch.tensor(table, dtype=torch.long, device=device), lens[0])
+            else:
+                k_pool = pool.k[0]  # (num_blocks, block_size, n_kv, d)
+                self.decode = split_decode_blocks([meta.block_tables[i] for i in decode_rows], lens,
+                                                  self.block_size, k_pool.shape[2], k_pool.dtype, device)
         self.prefills: list[PrefillSlice] = []
         for i, n in enumerate(meta.query_lens):
             if n == 1:
@@ -221,12 +245,10 @@ class PagedAttention:
         k_pool.flatten(0, 1)[self.meta.slot_mapping] = k[0]  # write new K/V into their slots
         v_pool.flatten(0, 1)[self.meta.slot_mapping] = v[0]
         if self.only_decodes:
-            assert self.decode_split is not None
-            return split_decode_attention(q[0], k_pool, v_pool, self.decode_split)[None]
+            return self._attend_decodes(q[0], k_pool, v_pool)[None]
         out = torch.empty_like(q)  # (1, N, n_heads, d)
-        if self.decode_split is not None:
-            out[0, self.decode_token_idx] = split_decode_attention(
-                q[0, self.decode_token_idx], k_pool, v_pool, self.decode_split)
+        if self.decode is not None:
+            out[0, self.decode_token_idx] = self._attend_decodes(q[0, self.decode_token_idx], k_pool, v_pool)
         for p in self.prefills:
             new = slice(p.start, p.start + p.num_new)
             if p.table is None:  # its own K/V are all it attends to: plain causal attention, no gather
@@ -236,3 +258,10 @@ class PagedAttention:
             values = v_pool.index_select(0, p.table).flatten(0, 1)[None, : p.context_len]
             out[:, new] = sdpa(q[:, new], keys, values, mask=p.mask, is_causal=False)
         return out
+
+    def _attend_decodes(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        # q: (B_decode, n_heads, d)
+        if isinstance(self.decode, UniformDecode):
+            return uniform_decode_attention(q, k_pool, v_pool, self.decode)
+        assert self.decode is not None
+        return split_decode_attention(q, k_pool, v_pool, self.decode)
