@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from labkit.model.config import ModelConfig
-from labkit.model.layers import RMSNorm, RotaryEmbedding
+from labkit.model.layers import MergedLinear, RMSNorm, RotaryEmbedding
 
 
 class AttentionBackend(Protocol):
@@ -73,6 +73,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.qkv_proj = MergedLinear(self.q_proj, self.k_proj, self.v_proj)  # all three in one matmul
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -87,9 +88,10 @@ class Attention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, hidden)
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)  # (B, T, n_heads, head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, head_dim)
+        q, k, v = self.qkv_proj(x)  # = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.n_heads, self.head_dim)  # (B, T, n_heads, head_dim)
+        k = k.view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, head_dim)
+        v = v.view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)

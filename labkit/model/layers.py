@@ -81,6 +81,54 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = rope_inv_freq(self.config).to(self.inv_freq.device)
 
 
+class MergedLinear:
+    """Several ``nn.Linear`` layers that read the same input, computed as one matmul: vLLM's
+    ``QKVParallelLinear`` (q, k, v) and ``MergedColumnParallelLinear`` (gate, up). Notebook 10.
+
+    One call instead of three saves the per-operator cost the host pays for each (notebook 10 measures it).
+    Each layer keeps its own parameter, so names, checkpoints and ``state_dict`` are unchanged: their weights
+    become views into one merged tensor (nothing is copied twice), and loading into them fills it. If their
+    tensors are replaced (``model.to(...)``, a new device or dtype), the next call merges them again.
+    """
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        self.weight: torch.Tensor | None = None  # (sum of out_features, in_features)
+        self.bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not self._is_merged():
+            self._merge()
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)  # type: ignore[arg-type]
+
+    def _is_merged(self) -> bool:
+        if self.weight is None:
+            return False
+        merged = [(self.weight, [lin.weight for lin in self.linears])]
+        if self.bias is not None:
+            merged.append((self.bias, [lin.bias for lin in self.linears]))  # type: ignore[misc]
+        for whole, parts in merged:
+            offset = whole.data_ptr()
+            for part, rows in zip(parts, self.sizes):
+                if part.data_ptr() != offset:
+                    return False
+                offset += rows * whole.stride(0) * whole.element_size()
+        return True
+
+    def _merge(self) -> None:
+        # Plain tensors even if the first call comes inside torch.inference_mode().
+        with torch.inference_mode(False), torch.no_grad():
+            self.weight = torch.cat([lin.weight for lin in self.linears])
+            for lin, part in zip(self.linears, self.weight.split(self.sizes)):
+                lin.weight.data = part
+            self.bias = None
+            if all(lin.bias is not None for lin in self.linears):
+                self.bias = torch.cat([lin.bias for lin in self.linears])  # type: ignore[misc]
+                for lin, part in zip(self.linears, self.bias.split(self.sizes)):
+                    lin.bias.data = part  # type: ignore[union-attr]
+
+
 class MLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). Notebook 02."""
 
@@ -90,6 +138,8 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_up = MergedLinear(self.gate_proj, self.up_proj)  # both in one matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)  # = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
