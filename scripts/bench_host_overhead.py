@@ -68,7 +68,7 @@ class Sizes:
     mbu_tokens: int
 
 
-FULL = Sizes(batches=(1, 32), prompt_len=16, max_tokens=48, rounds=3, hf_tokens=(8, 56), mbu_context=512,
+FULL = Sizes(batches=(1, 32), prompt_len=16, max_tokens=48, rounds=5, hf_tokens=(8, 56), mbu_context=512,
              mbu_tokens=32)
 SMOKE = Sizes(batches=(1, 4), prompt_len=8, max_tokens=6, rounds=1, hf_tokens=(2, 6), mbu_context=32, mbu_tokens=4)
 

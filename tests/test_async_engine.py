@@ -217,3 +217,29 @@ def test_shutdown_ends_streams_and_refuses_new_requests(llm: LLM) -> None:
     assert not llm.engine.has_unfinished_requests()  # shutdown dropped what was running
     with pytest.raises(EngineDeadError, match="start"):
         run_sync(collect(async_llm, PROMPTS[0]))
+
+
+def test_an_async_scheduling_engine_streams_the_same_tokens(offline: list[list[int]]) -> None:
+    """Async scheduling under the server's engine loop: aborts between steps, requests joining mid-run."""
+    llm = LLM("labkit-tiny", engine="chunked", dtype="float64", max_model_len=256, max_num_seqs=3,
+              max_num_batched_tokens=32, async_scheduling=True)
+    async_llm = AsyncLLM(llm, ServerMetrics("labkit-tiny")).start()
+    try:
+        async def main() -> list[list[TokenDelta]]:
+            async def one(i: int) -> list[TokenDelta]:
+                await asyncio.sleep(0.02 * i)
+                return await collect(async_llm, PROMPTS[i])
+
+            async def abandoned() -> None:
+                async for _ in async_llm.generate(PROMPTS[1], SamplingParams(max_tokens=50, temperature=0.0)):
+                    break  # the client goes away after one token: the request is aborted mid-run
+
+            results = await asyncio.gather(*(one(i) for i in range(4)), abandoned())
+            return list(results[:4])
+
+        for i, deltas in enumerate(run_sync(main())):
+            assert [t for d in deltas for t in d.token_ids] == offline[i], f"request {i}"
+    finally:
+        async_llm.shutdown()
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks  # type: ignore[attr-defined]

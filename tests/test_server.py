@@ -111,6 +111,8 @@ def test_models_health_and_default_bind(server: ServerThread, client: openai.Ope
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     assert server.base_url.startswith("http://127.0.0.1:")
     assert parse_args([]).host == "127.0.0.1"  # the CLI binds this machine only unless told otherwise
+    assert parse_args(["--async-scheduling"]).engine_options == {"async_scheduling": True}
+    assert "async_scheduling" not in parse_args([]).engine_options
 
 
 # ---- validation: a clear 4xx for every bad field, and the server keeps serving ----

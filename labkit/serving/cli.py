@@ -106,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     for opt in ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "block-size", "num-gpu-blocks"):
         p.add_argument(f"--{opt}", type=int, default=None)
     p.add_argument("--enable-prefix-caching", action="store_true")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="plan the next step while the current one runs (engines continuous and chunked)")
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads for the engine")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
@@ -114,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                                           "num_gpu_blocks") if getattr(a, k) is not None}
     if a.enable_prefix_caching:
         options["enable_prefix_caching"] = True
+    if a.async_scheduling:
+        options["async_scheduling"] = True
     if a.num_threads is not None:
         import torch
 
