@@ -195,8 +195,10 @@ def findings(sizes: Sizes, cells: dict[tuple[str, int], Samples]) -> list[str]:
     for b in sizes.batches:
         ratio = cells[(ASYNC, b)].median("period") / cells[("vectorized", b)].median("period")
         lines.append(f"- Batch {b}: async scheduling takes {ratio:.2f}x the wall time per decode step of the "
-                     "synchronous engine (same tokens; the host's scheduling and preparation overlap the forward pass)"
-                     ".")
+                     "synchronous engine, for the same tokens. "
+                     + ("The host's scheduling and preparation hid behind the forward pass." if ratio < 1 else
+                        "The overlap cost more than it hid: the worker thread's forward pass is Python calling small "
+                        "operators too, so the two threads take turns on the GIL and the cores."))
     for b in sizes.batches:
         loop, vec = cells[("loop", b)], cells[("vectorized", b)]
         ratio = vec.median("host_stages") / loop.median("host_stages")
