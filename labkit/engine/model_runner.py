@@ -93,6 +93,13 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.model, self.pool, sizes, max_blocks, self.pool.num_blocks - 1, capture)
         return self.graphs
 
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> device without making the host wait for the device's queue: on CUDA from pinned memory,
+        non-blocking (async scheduling prepares the next step while the device still runs this one)."""
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
     def prepare_loop(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, list[int]]:
         ids: list[int] = []
         positions: list[int] = []
@@ -109,10 +116,10 @@ class ModelRunner:
             query_lens=list(batch.num_new_tokens),
             context_lens=[s.num_computed_tokens + n for s, n in zip(batch.seqs, batch.num_new_tokens)],
             block_tables=[list(s.block_table) for s in batch.seqs],
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            slot_mapping=self.to_device(torch.tensor(slots, dtype=torch.long)),
         )
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, N)
-        pos = torch.tensor([positions], dtype=torch.long, device=self.device)  # (1, N)
+        input_ids = self.to_device(torch.tensor([ids], dtype=torch.long))  # (1, N)
+        pos = self.to_device(torch.tensor([positions], dtype=torch.long))  # (1, N)
         return input_ids, pos, meta, logits_rows
 
     def prepare_vectorized(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata,
@@ -135,13 +142,13 @@ class ModelRunner:
         sampled = np.array([a + n == s.num_tokens + s.num_pending_tokens for s, a, n in zip(seqs, starts, q_lens)])
         # One host -> device copy for ids, positions and slots together.
         packed = torch.from_numpy(np.stack([np.array(ids, dtype=np.int64), pos, slots]))  # (3, N)
-        packed = packed.to(self.device, non_blocking=True)
+        packed = self.to_device(packed)
         meta = PagedAttentionMetadata(
             query_lens=list(q_lens),
             context_lens=[a + n for a, n in zip(starts, q_lens)],
             block_tables=tables,
             slot_mapping=packed[2],
-            block_table_tensor=torch.from_numpy(table).to(self.device, non_blocking=True),
+            block_table_tensor=self.to_device(torch.from_numpy(table)),
         )
         return packed[0][None], packed[1][None], meta, (ends[sampled] - 1).tolist()
 
