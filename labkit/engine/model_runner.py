@@ -148,7 +148,8 @@ class ModelRunner:
             context_lens=[a + n for a, n in zip(starts, q_lens)],
             block_tables=tables,
             slot_mapping=packed[2],
-            block_table_tensor=self.to_device(torch.from_numpy(table)),
+            # Only CUDA graphs read a padded table tensor; eager attention builds what it needs per step.
+            block_table_tensor=self.to_device(torch.from_numpy(table)) if self.graphs is not None else None,
         )
         return packed[0][None], packed[1][None], meta, (ends[sampled] - 1).tolist()
 
