@@ -231,3 +231,19 @@ def test_an_async_engine_is_refused_not_traced_blind(tmp_path: Path) -> None:
                                          "on a worker thread"):
         profile_engine(llm, ["Once upon a time"], logdir=tmp_path)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_stage_ranges_cost_nothing_without_a_profiler() -> None:
+    """The engine's named ranges are recorded under a profiler and skipped otherwise (an idle record_function
+    costs microseconds of host time per stage)."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from labkit.engine.base import profiler_range
+
+    assert isinstance(profiler_range("labkit::idle"), nullcontext)
+    with torch.profiler.profile() as p:
+        with profiler_range("labkit::traced"):
+            torch.ones(2) + 1
+    assert "labkit::traced" in {e.name for e in p.events()}
