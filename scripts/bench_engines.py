@@ -16,6 +16,9 @@ In one run, on the bundled model (CPU float32 unless --device says otherwise):
    ``ContinuousBatchingManager``, given each request's own ``max_new_tokens``). Workload:
    ``data/workloads/heterogeneous_64.jsonl`` (64 requests, prompts 16-873 tokens, outputs 16-256), greedy,
    every request producing exactly its output length. Ratios are against ``chunked``.
+1b. Batch slots: ``chunked`` and transformers' continuous batching again with 8, 16, 32 and 64 slots
+   (``max_num_seqs`` = ``max_requests_per_batch``), in the same rounds; the ratio at equal slots and each
+   system at its own best number of slots.
 2. Chunked prefill against whole-prompt prefill (notebook 08's experiment, larger): short requests decode
    while long prompts arrive mid-run (``LLM.generate(..., arrival_times=...)``). p99 ITL (every gap of
    every request) and throughput of ``continuous`` and of ``chunked`` at several token budgets, medians of
@@ -38,7 +41,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -63,6 +66,7 @@ from labkit.workloads import (  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "engines.md"
 LABKIT_ENGINES = ("kvcache", "paged", "continuous", "chunked")
+HF_CB = "transformers continuous batching (generate_batch)"
 
 
 @dataclass(frozen=True)
@@ -80,12 +84,14 @@ class Sizes:
     long_output: int
     budgets: tuple[int, ...]  # chunked budgets compared with continuous
     repeats: int  # repetitions of the chunking experiment (medians reported)
+    slots: tuple[int, ...]  # batch-slot sweep of chunked and transformers' continuous batching (part 1b)
 
 
 FULL = Sizes(workload="heterogeneous_64", max_num_seqs=16, budget=512, num_short=12, short_prompt=32,
-             short_output=128, num_long=4, long_prompt=1024, long_output=16, budgets=(128, 256, 512), repeats=3)
+             short_output=128, num_long=4, long_prompt=1024, long_output=16, budgets=(128, 256, 512), repeats=3,
+             slots=(8, 16, 32, 64))
 SMOKE = Sizes(workload="heterogeneous_small_16", max_num_seqs=4, budget=64, num_short=3, short_prompt=16,
-              short_output=24, num_long=1, long_prompt=256, long_output=4, budgets=(64,), repeats=1)
+              short_output=24, num_long=1, long_prompt=256, long_output=4, budgets=(64,), repeats=1, slots=(2, 4))
 
 
 @dataclass
@@ -206,10 +212,50 @@ def run_hf_continuous(model: torch.nn.Module, workload: Workload, sizes: Sizes, 
     tokens = sum(len(results[i].generated_tokens) for i in ids)
     expected = workload.num_output_tokens
     assert tokens == expected, f"transformers' continuous batching produced {tokens} tokens, expected {expected}"
-    return Result("transformers continuous batching (generate_batch)", tokens, seconds, None, None,
+    return Result(HF_CB, tokens, seconds, None, None,
                   f"max_batch_tokens {sizes.budget}, max_requests_per_batch {sizes.max_num_seqs}, "
                   f"{-(-kv_tokens // page_size)} pages of {page_size}; manager start-up "
                   f"{start - setup:.2f} s not counted")
+
+
+def kv_tokens_for(slots: int) -> int:
+    """transformers' KV pool, in tokens: the same as labkit's paged pool on the CPU (slots x max_model_len)."""
+    return slots * 2048
+
+
+# ---- part 1b: batch slots ----
+
+@dataclass
+class SlotRow:
+    """``chunked`` and transformers' continuous batching with the same number of batch slots."""
+
+    slots: int  # labkit's max_num_seqs = transformers' max_requests_per_batch
+    chunked: Result  # median round
+    hf: Result | None  # median round; None with --skip-transformers
+    round_ratios: list[float]
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.hf is None else self.chunked.tokens_per_s / self.hf.tokens_per_s
+
+
+def median_run(runs: list[Result]) -> Result:
+    return sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
+
+
+def slot_row(slots: int, runs: list[tuple[Result, Result | None]]) -> SlotRow:
+    hf_runs = [h for _, h in runs if h is not None]
+    return SlotRow(slots, median_run([c for c, _ in runs]), median_run(hf_runs) if hf_runs else None,
+                   [c.tokens_per_s / h.tokens_per_s for c, h in runs if h is not None])
+
+
+def best_vs_best(rows: list[SlotRow]) -> tuple[SlotRow, SlotRow] | None:
+    """Each system at its own best number of slots: (chunked's best row, transformers' best row)."""
+    with_hf = [r for r in rows if r.hf is not None]
+    if not with_hf:
+        return None
+    return (max(rows, key=lambda r: r.chunked.tokens_per_s),
+            max(with_hf, key=lambda r: r.hf.tokens_per_s))  # type: ignore[union-attr]
 
 
 # ---- part 2: chunked prefill vs whole-prompt prefill ----
@@ -272,7 +318,8 @@ def verdict(ok: bool) -> str:
 def report(command: str, sizes: Sizes, workload: Workload, results: list[Result], chunk_rows: list[ChunkRow],
            decode_step: float, long_arrivals: list[float], hw: dict[str, str], wall_s: float,
            figure_stem: str | None = None, other_load: float | None = None,
-           round_ratios: dict[str, list[float]] | None = None) -> tuple[str, list[str]]:
+           round_ratios: dict[str, list[float]] | None = None,
+           slot_rows: list[SlotRow] | None = None) -> tuple[str, list[str]]:
     by_name = {r.name: r for r in results}
 
     n_rounds = max((len(v) for v in (round_ratios or {}).values()), default=1)
@@ -287,15 +334,30 @@ def report(command: str, sizes: Sizes, workload: Workload, results: list[Result]
                   "-" if r.computed_tokens is None else f"{r.computed_tokens:,}", r.note] for r in results]
     goals = []
     hf_gen = by_name.get("transformers generate (padded)")
-    hf_cb = by_name.get("transformers continuous batching (generate_batch)")
+    hf_cb = by_name.get(HF_CB)
     if hf_gen:
         ratio = chunked.tokens_per_s / hf_gen.tokens_per_s
         goals.append(f"`chunked` vs transformers' padded `generate`: {ratio:.2f}x{spread(hf_gen.name)} (goal >= 2x): "
                      f"{verdict(ratio >= 2)}")
     if hf_cb:
         ratio = chunked.tokens_per_s / hf_cb.tokens_per_s
-        goals.append(f"`chunked` vs transformers' continuous batching (`generate_batch`): {ratio:.2f}x"
-                     f"{spread(hf_cb.name)} (goal >= 3x): {verdict(ratio >= 3)}")
+        goals.append(f"`chunked` vs transformers' continuous batching (`generate_batch`), both with "
+                     f"{sizes.max_num_seqs} slots (part 1): {ratio:.2f}x{spread(hf_cb.name)} (goal >= 3x): "
+                     f"{verdict(ratio >= 3)}")
+    slot_rows = slot_rows or []
+    compared = [r for r in slot_rows if r.ratio is not None]
+    best = best_vs_best(slot_rows)
+    if compared and best is not None:
+        at = ", ".join(f"{r.slots}: {r.ratio:.2f}x" for r in compared)  # type: ignore[str-format]
+        met_at = [str(r.slots) for r in compared if r.ratio >= 3]  # type: ignore[operator]
+        goals.append(f"the same with equal slots from {compared[0].slots} to {compared[-1].slots} (part 1b): {at}; "
+                     f"goal >= 3x met at {', '.join(met_at) + ' slots' if met_at else 'none'}")
+        ours, theirs = best
+        ratio = ours.chunked.tokens_per_s / theirs.hf.tokens_per_s  # type: ignore[union-attr]
+        goals.append(f"each at its own best number of slots (part 1b): `chunked` with {ours.slots} "
+                     f"({ours.chunked.tokens_per_s:.0f} tok/s) vs `generate_batch` with {theirs.slots} "
+                     f"({theirs.hf.tokens_per_s:.0f} tok/s): {ratio:.2f}x (goal >= 3x): "  # type: ignore[union-attr]
+                     f"{verdict(ratio >= 3)}")
     base = next(r for r in chunk_rows if r.name == "continuous")
     chunk_table = [[f"`{r.name}`", f"{r.max_step_tokens}", f"{r.itl_p50 * 1e3:.1f}", f"{r.itl_p99 * 1e3:.1f}",
                     f"{r.itl_p99 / base.itl_p99:.2f}x", f"{r.short_itl_max * 1e3:.1f}", f"{r.ttft_long * 1e3:.0f}",
@@ -346,6 +408,7 @@ def report(command: str, sizes: Sizes, workload: Workload, results: list[Result]
         "through the model (for the padded `generate`: padded prefill plus every row of every decode step).",
         "",
         *([f"![throughput side by side]({figure_stem}_throughput.png)", ""] if figure_stem else []),
+        *slot_section(slot_rows, sizes, n_rounds, figure_stem, len(workload.output_lens)),
         f"## 2. Chunked prefill vs whole-prompt prefill ({sizes.num_short} short requests decoding, {sizes.num_long} "
         "long prompts arriving)",
         "",
@@ -372,9 +435,35 @@ def report(command: str, sizes: Sizes, workload: Workload, results: list[Result]
     return "\n".join(lines), goals
 
 
+def slot_section(rows: list[SlotRow], sizes: Sizes, n_rounds: int, figure_stem: str | None,
+                 num_requests: int) -> list[str]:
+    if not rows:
+        return []
+    table = [[str(r.slots), f"{r.chunked.tokens_per_s:.1f}", "-" if r.hf is None else f"{r.hf.tokens_per_s:.1f}",
+              "-" if r.ratio is None else f"{r.ratio:.2f}x",
+              ", ".join(f"{x:.2f}x" for x in r.round_ratios) or "-", str(r.chunked.steps)] for r in rows]
+    return [
+        f"## 1b. Batch slots: `chunked` and `generate_batch` from {rows[0].slots} to {rows[-1].slots} slots",
+        "",
+        "The same workload with labkit's `max_num_seqs` and transformers' `max_requests_per_batch` set to the same "
+        f"number of slots, everything else as in part 1 (budget {sizes.budget}, KV pool of slots x 2048 tokens for "
+        f"both); medians of {n_rounds} round(s), run in the same rounds as part 1. More slots let `chunked` decode "
+        "more requests per step, so fewer steps serve the workload; transformers' continuous batching on the CPU "
+        "attends with one SDPA over the whole batch under a dense mask (every new token against every cached token "
+        "of every request in the batch), so its attention grows with the square of the batch and more slots make "
+        "it slower. vLLM's default `max_num_seqs` is 256 and transformers' `max_requests_per_batch` is inferred "
+        f"(up to 1024): both defaults let all {num_requests} requests in at once.",
+        "",
+        md_table(["slots", "`chunked` tok/s", "`generate_batch` tok/s", "chunked is", "rounds", "`chunked` steps"],
+                 table),
+        "",
+        *([f"![batch slots]({figure_stem}_slots.png)", ""] if figure_stem else []),
+    ]
+
+
 def save_figures(out: Path, results: list[Result], chunk_rows: list[ChunkRow], example_runs: dict[str, Run],
-                 sizes: Sizes) -> list[Path]:
-    """Two PNGs next to the report: throughput side by side; chunked prefill's ITL and throughput."""
+                 sizes: Sizes, slot_rows: list[SlotRow]) -> list[Path]:
+    """PNGs next to the report: throughput side by side; batch slots; chunked prefill's ITL and throughput."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -395,6 +484,33 @@ def save_figures(out: Path, results: list[Result], chunk_rows: list[ChunkRow], e
     first = out.with_name(out.stem + "_throughput.png")
     fig.savefig(first, dpi=110)
     plt.close(fig)
+
+    figures = [first]
+    if slot_rows:
+        fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
+        xs = [r.slots for r in slot_rows]
+        ax.plot(xs, [r.chunked.tokens_per_s for r in slot_rows], "o-", color="tab:green", label="labkit `chunked`")
+        hf = [r for r in slot_rows if r.hf is not None]
+        if hf:
+            ax.plot([r.slots for r in hf], [r.hf.tokens_per_s for r in hf], "s-", color="tab:gray",  # type: ignore[union-attr]
+                    label="transformers `generate_batch`")
+            for r in hf:
+                ax.annotate(f"{r.ratio:.2f}x", (r.slots, r.chunked.tokens_per_s), textcoords="offset points",
+                            xytext=(0, 7), ha="center", fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        top = max([r.chunked.tokens_per_s for r in slot_rows] + [r.hf.tokens_per_s for r in hf])  # type: ignore[union-attr]
+        ax.set_ylim(0, top * 1.2)  # room for the labels
+        ax.set_xlabel("batch slots (max_num_seqs = max_requests_per_batch)")
+        ax.set_ylabel("output tokens / s")
+        ax.set_title(f"{sizes.workload}: throughput vs batch slots\n(labels: chunked's throughput / transformers')",
+                     fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        slots_png = out.with_name(out.stem + "_slots.png")
+        fig.savefig(slots_png, dpi=110)
+        plt.close(fig)
+        figures.append(slots_png)
 
     base = chunk_rows[0]
     fig, (ax_gap, ax_curve) = plt.subplots(1, 2, figsize=(12, 4), layout="constrained", width_ratios=[3, 2])
@@ -431,7 +547,7 @@ def save_figures(out: Path, results: list[Result], chunk_rows: list[ChunkRow], e
     second = out.with_name(out.stem + "_chunking.png")
     fig.savefig(second, dpi=110)
     plt.close(fig)
-    return [first, second]
+    return [*figures, second]
 
 
 def main() -> int:
@@ -460,21 +576,36 @@ def main() -> int:
     repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 3)
     model = None if args.skip_transformers else hf_model(device)
     rounds: list[list[Result]] = []
+    sweep: dict[int, list[tuple[Result, Result | None]]] = {n: [] for n in sizes.slots}
     for _ in tqdm(range(repeats), desc="rounds of part 1"):  # whole rounds, so a slow spell hits every system
         results = [run_labkit(engine, workload, sizes, device) for engine in LABKIT_ENGINES]
         if model is not None:
             results.append(run_hf_generate(model, workload, sizes))
-            kv_tokens = sizes.max_num_seqs * 2048  # labkit's paged pool on the CPU: max_num_seqs x max_model_len
-            results.append(run_hf_continuous(model, workload, sizes, kv_tokens))
+            results.append(run_hf_continuous(model, workload, sizes, kv_tokens_for(sizes.max_num_seqs)))
         rounds.append(results)
+        for slots in sizes.slots:  # part 1b, in the same round
+            if slots == sizes.max_num_seqs:  # already run above with these settings
+                by_name = {r.name: r for r in results}
+                sweep[slots].append((by_name["chunked"], by_name.get(HF_CB)))
+                continue
+            sized = replace(sizes, max_num_seqs=slots)
+            sweep[slots].append((run_labkit("chunked", workload, sized, device),
+                                 None if model is None else run_hf_continuous(model, workload, sized,
+                                                                              kv_tokens_for(slots))))
     # Each system's median round; each ratio also per round, to show the spread.
-    results = [sorted(runs, key=lambda r: r.seconds)[len(runs) // 2] for runs in zip(*rounds)]
+    results = [median_run(list(runs)) for runs in zip(*rounds)]
     round_ratios = {r.name: [next(x for x in rnd if x.name == "chunked").tokens_per_s / x.tokens_per_s
                              for rnd in rounds for x in rnd if x.name == r.name] for r in results}
+    slot_rows = [slot_row(n, runs) for n, runs in sweep.items()]
     chunked = next(r for r in results if r.name == "chunked")
     print(f"\n{'system':<52} {'tok/s':>8} {'seconds':>8} {'chunked is':>10}")
     for r in results:
         print(f"{r.name:<52} {r.tokens_per_s:8.1f} {r.seconds:8.2f} {chunked.tokens_per_s / r.tokens_per_s:9.2f}x")
+    print(f"\n{'slots':>5} {'chunked tok/s':>14} {'generate_batch tok/s':>21} {'ratio':>7}")
+    for row in slot_rows:
+        hf = "-" if row.hf is None else f"{row.hf.tokens_per_s:.1f}"
+        print(f"{row.slots:>5} {row.chunked.tokens_per_s:14.1f} {hf:>21} "
+              f"{'-' if row.ratio is None else f'{row.ratio:.2f}x':>7}")
 
     chunk_rows, decode_step, long_arrivals, example_runs = chunk_experiment(sizes, device)
     base = chunk_rows[0]
@@ -501,12 +632,13 @@ def main() -> int:
         print(f"warning: other processes kept {other:.0%} of the CPUs busy; timings are skewed", file=sys.stderr)
     out = args.out if args.out is not None else (None if args.smoke else DEFAULT_OUT)
     text, goals = report(command, sizes, workload, results, chunk_rows, decode_step, long_arrivals, hw, wall_s,
-                         figure_stem=None if out is None else out.stem, other_load=other, round_ratios=round_ratios)
+                         figure_stem=None if out is None else out.stem, other_load=other, round_ratios=round_ratios,
+                         slot_rows=slot_rows)
     print("\n" + "\n".join(goals))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
-        figures = save_figures(out, results, chunk_rows, example_runs, sizes)
+        figures = save_figures(out, results, chunk_rows, example_runs, sizes, slot_rows)
         print(f"wrote {out} and {', '.join(str(f) for f in figures)}")
     print(f"{wall_s:.0f} s in all; other processes' CPU load during the run: "
           f"{'unknown' if other is None else f'{other:.0%}'}")
