@@ -19,6 +19,9 @@ In one run, on the bundled model (CPU float32 unless --device says otherwise):
 1b. Batch slots: ``chunked`` and transformers' continuous batching again with 8, 16, 32 and 64 slots
    (``max_num_seqs`` = ``max_requests_per_batch``), in the same rounds; the ratio at equal slots and each
    system at its own best number of slots.
+1c. Where ``chunked``'s time goes (CPU): one run at the fewest and the most slots with the linear layers
+   and the attention backend timed, the rest being everything else; and the throughput ceiling if only the
+   linear layers took time.
 2. Chunked prefill against whole-prompt prefill (notebook 08's experiment, larger): short requests decode
    while long prompts arrive mid-run (``LLM.generate(..., arrival_times=...)``). p99 ITL (every gap of
    every request) and throughput of ``continuous`` and of ``chunked`` at several token budgets, medians of
@@ -41,6 +44,8 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,6 +55,7 @@ from tqdm.auto import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from labkit import LLM, SamplingParams  # noqa: E402
+from labkit.cache.paged import PagedAttention  # noqa: E402
 from labkit.device import resolve_device, synchronize  # noqa: E402
 from labkit.hardware import device_name  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
@@ -258,6 +264,57 @@ def best_vs_best(rows: list[SlotRow]) -> tuple[SlotRow, SlotRow] | None:
             max(with_hf, key=lambda r: r.hf.tokens_per_s))  # type: ignore[union-attr]
 
 
+# ---- part 1c: where chunked's time goes ----
+
+@dataclass
+class Breakdown:
+    """One timed run of ``chunked``: its wall time split into the linear layers, attention and the rest."""
+
+    slots: int
+    output_tokens: int
+    total: float  # seconds: wall time of the whole workload
+    matmul: float  # inside F.linear: MKL's matrix multiply, the same work transformers does
+    attention: float  # inside the attention backend: K/V writes and gathers, scores, softmax, values
+    other: float  # everything else: scheduler, runner, norms, RoPE, activations, sampling, detokenizing
+
+    @property
+    def matmul_only_tokens_per_s(self) -> float:
+        """The ceiling: throughput if everything but the linear layers took no time at all."""
+        return self.output_tokens / self.matmul
+
+
+@contextmanager
+def timed(owner: object, name: str, into: list[float]) -> Iterator[None]:
+    """Replace ``owner.name`` by a wrapper that adds each call's wall time to ``into[0]`` (CPU: synchronous)."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            into[0] += time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def time_breakdown(workload: Workload, sizes: Sizes, slots: int) -> Breakdown:
+    """One run of ``chunked`` on the CPU with every ``F.linear`` call and every attention call timed."""
+    llm = LLM("labkit-tiny", engine="chunked", device="cpu", dtype="float32", max_num_seqs=slots,
+              max_num_batched_tokens=sizes.budget)
+    prompts, params = workload.prompts(), sampling_params_for(workload)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    matmul, attention = [0.0], [0.0]
+    with timed(torch.nn.functional, "linear", matmul), timed(PagedAttention, "attend", attention):
+        run = run_workload(llm, prompts, params)
+    return Breakdown(slots, workload.num_output_tokens, run.wall_time, matmul[0], attention[0],
+                     run.wall_time - matmul[0] - attention[0])
+
+
 # ---- part 2: chunked prefill vs whole-prompt prefill ----
 
 @dataclass
@@ -319,7 +376,8 @@ def report(command: str, sizes: Sizes, workload: Workload, results: list[Result]
            decode_step: float, long_arrivals: list[float], hw: dict[str, str], wall_s: float,
            figure_stem: str | None = None, other_load: float | None = None,
            round_ratios: dict[str, list[float]] | None = None,
-           slot_rows: list[SlotRow] | None = None) -> tuple[str, list[str]]:
+           slot_rows: list[SlotRow] | None = None,
+           breakdowns: list[Breakdown] | None = None) -> tuple[str, list[str]]:
     by_name = {r.name: r for r in results}
 
     n_rounds = max((len(v) for v in (round_ratios or {}).values()), default=1)
@@ -409,6 +467,7 @@ def report(command: str, sizes: Sizes, workload: Workload, results: list[Result]
         "",
         *([f"![throughput side by side]({figure_stem}_throughput.png)", ""] if figure_stem else []),
         *slot_section(slot_rows, sizes, n_rounds, figure_stem, len(workload.output_lens)),
+        *breakdown_section(breakdowns or [], best),
         f"## 2. Chunked prefill vs whole-prompt prefill ({sizes.num_short} short requests decoding, {sizes.num_long} "
         "long prompts arriving)",
         "",
@@ -458,6 +517,31 @@ def slot_section(rows: list[SlotRow], sizes: Sizes, n_rounds: int, figure_stem: 
                  table),
         "",
         *([f"![batch slots]({figure_stem}_slots.png)", ""] if figure_stem else []),
+    ]
+
+
+def breakdown_section(rows: list[Breakdown], best: tuple[SlotRow, SlotRow] | None) -> list[str]:
+    if not rows:
+        return []
+    hf_best = None if best is None or best[1].hf is None else best[1].hf
+    table = [[str(b.slots), f"{b.total:.2f}", f"{b.matmul:.2f} ({b.matmul / b.total:.0%})",
+              f"{b.attention:.2f} ({b.attention / b.total:.0%})", f"{b.other:.2f} ({b.other / b.total:.0%})",
+              f"{b.matmul_only_tokens_per_s:.0f}",
+              "-" if hf_best is None else f"{b.matmul_only_tokens_per_s / hf_best.tokens_per_s:.2f}x"] for b in rows]
+    return [
+        "## 1c. Where `chunked`'s time goes",
+        "",
+        "One more run of `chunked` at each end of part 1b with a wall-clock timer around every call of "
+        "`F.linear` (the linear layers: MKL's matrix multiply, the same arithmetic transformers does) and of the "
+        "attention backend (K/V writes and gathers, scores, softmax, values); the rest of the wall time is "
+        "everything else (scheduler, input preparation, norms, RoPE, activations, residual adds, sampling, "
+        "detokenizing, and the Python between them). The *matmul-only ceiling* is the throughput if everything "
+        "but the linear layers took no time at all: no engine that runs these layers through MKL on this CPU can "
+        "pass it.",
+        "",
+        md_table(["slots", "wall s", "linear layers s", "attention s", "everything else s",
+                  "matmul-only ceiling tok/s", "ceiling vs transformers' best"], table),
+        "",
     ]
 
 
@@ -597,6 +681,9 @@ def main() -> int:
     round_ratios = {r.name: [next(x for x in rnd if x.name == "chunked").tokens_per_s / x.tokens_per_s
                              for rnd in rounds for x in rnd if x.name == r.name] for r in results}
     slot_rows = [slot_row(n, runs) for n, runs in sweep.items()]
+    # Part 1c: one timed run at the fewest and the most slots (on the CPU, where calls are synchronous).
+    breakdowns = ([time_breakdown(workload, sizes, n) for n in sorted({min(sizes.slots), max(sizes.slots)})]
+                  if device == "cpu" else [])
     chunked = next(r for r in results if r.name == "chunked")
     print(f"\n{'system':<52} {'tok/s':>8} {'seconds':>8} {'chunked is':>10}")
     for r in results:
@@ -606,6 +693,10 @@ def main() -> int:
         hf = "-" if row.hf is None else f"{row.hf.tokens_per_s:.1f}"
         print(f"{row.slots:>5} {row.chunked.tokens_per_s:14.1f} {hf:>21} "
               f"{'-' if row.ratio is None else f'{row.ratio:.2f}x':>7}")
+
+    for b in breakdowns:
+        print(f"chunked, {b.slots} slots: {b.total:.2f} s = linear layers {b.matmul:.2f} + attention "
+              f"{b.attention:.2f} + other {b.other:.2f}; matmul-only ceiling {b.matmul_only_tokens_per_s:.0f} tok/s")
 
     chunk_rows, decode_step, long_arrivals, example_runs = chunk_experiment(sizes, device)
     base = chunk_rows[0]
@@ -633,7 +724,7 @@ def main() -> int:
     out = args.out if args.out is not None else (None if args.smoke else DEFAULT_OUT)
     text, goals = report(command, sizes, workload, results, chunk_rows, decode_step, long_arrivals, hw, wall_s,
                          figure_stem=None if out is None else out.stem, other_load=other, round_ratios=round_ratios,
-                         slot_rows=slot_rows)
+                         slot_rows=slot_rows, breakdowns=breakdowns)
     print("\n" + "\n".join(goals))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
