@@ -94,7 +94,7 @@ class Sizes:
 
 
 FULL = Sizes(workload="heterogeneous_64", max_num_seqs=16, budget=512, num_short=12, short_prompt=32,
-             short_output=128, num_long=4, long_prompt=1024, long_output=16, budgets=(128, 256, 512), repeats=3,
+             short_output=128, num_long=4, long_prompt=1024, long_output=16, budgets=(128, 256, 512), repeats=5,
              slots=(8, 16, 32, 64))
 SMOKE = Sizes(workload="heterogeneous_small_16", max_num_seqs=4, budget=64, num_short=3, short_prompt=16,
               short_output=24, num_long=1, long_prompt=256, long_output=4, budgets=(64,), repeats=1, slots=(2, 4))
@@ -655,6 +655,8 @@ def main() -> int:
     load_before = load.fraction()
     load = OtherLoad()
 
+    # Part 2 first: its short runs are the most sensitive to the machine slowing down over a long run.
+    chunk_rows, decode_step, long_arrivals, example_runs = chunk_experiment(sizes, device)
     workload = materialise(load_workload(sizes.workload), load_tokenizer(bundled_model_path()), seed=0)
     print(workload.summary())
     repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 3)
@@ -698,7 +700,6 @@ def main() -> int:
         print(f"chunked, {b.slots} slots: {b.total:.2f} s = linear layers {b.matmul:.2f} + attention "
               f"{b.attention:.2f} + other {b.other:.2f}; matmul-only ceiling {b.matmul_only_tokens_per_s:.0f} tok/s")
 
-    chunk_rows, decode_step, long_arrivals, example_runs = chunk_experiment(sizes, device)
     base = chunk_rows[0]
     print(f"\n{'engine':<16} {'ITL p99 ms':>10} {'vs cont.':>9} {'tok/s':>8} {'vs cont.':>9} {'long TTFT ms':>12}")
     for r in chunk_rows:
