@@ -44,8 +44,6 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -61,7 +59,7 @@ from labkit.hardware import device_name  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
 from labkit.serving_metrics import Run, run_workload, summarize  # noqa: E402
 from labkit.tokenizer import load_tokenizer  # noqa: E402
-from bench_common import OtherLoad, md_table  # noqa: E402  (scripts/ is on sys.path)
+from bench_common import OtherLoad, md_table, timed  # noqa: E402  (scripts/ is on sys.path)
 from labkit.workloads import (  # noqa: E402
     Workload,
     load_workload,
@@ -281,25 +279,6 @@ class Breakdown:
     def matmul_only_tokens_per_s(self) -> float:
         """The ceiling: throughput if everything but the linear layers took no time at all."""
         return self.output_tokens / self.matmul
-
-
-@contextmanager
-def timed(owner: object, name: str, into: list[float]) -> Iterator[None]:
-    """Replace ``owner.name`` by a wrapper that adds each call's wall time to ``into[0]`` (CPU: synchronous)."""
-    original = getattr(owner, name)
-
-    def wrapper(*args: object, **kwargs: object) -> object:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            into[0] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def time_breakdown(workload: Workload, sizes: Sizes, slots: int) -> Breakdown:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from tqdm.auto import tqdm  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from bench_common import (  # noqa: E402  (scripts/ is on sys.path)
-    Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench,
+    Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench, wrap_timed,
 )
 
 from labkit import LLM, SamplingParams  # noqa: E402
@@ -241,21 +240,6 @@ def measure_prefix_caching(device: torch.device, dtype: torch.dtype, sizes: Size
     return results
 
 
-def time_calls(obj: object, names: list[str], box: list[float]) -> None:
-    """Wrap ``obj``'s methods ``names`` so their time adds up in ``box[0]``."""
-    for name in names:
-        fn: Callable[..., object] = getattr(obj, name)
-
-        def timed(*args: object, _fn: Callable[..., object] = fn, **kwargs: object) -> object:
-            start = time.perf_counter()
-            try:
-                return _fn(*args, **kwargs)
-            finally:
-                box[0] += time.perf_counter() - start
-
-        setattr(obj, name, timed)
-
-
 def measure_cost(device: torch.device, dtype: torch.dtype, sizes: Sizes) -> CostResult:
     base = load_workload(sizes.cost_workload)
     llms = {c: paged_llm(device, dtype, max_num_seqs=len(base), enable_prefix_caching=c) for c in (False, True)}
@@ -263,7 +247,8 @@ def measure_cost(device: torch.device, dtype: torch.dtype, sizes: Sizes) -> Cost
     bm: BlockManager = llms[True].engine.block_manager  # type: ignore[attr-defined]
     for llm in llms.values():
         llm.generate([prompt_ids_of_length(llm.tokenizer, 64, seed=1)], greedy(2), use_tqdm=False)  # warm-up
-    time_calls(bm, ["lookup_prefix", "cache_full_blocks", "record_prefix_query"], box)
+    for name in ("lookup_prefix", "cache_full_blocks", "record_prefix_query"):
+        wrap_timed(bm, name, box)  # for the rest of the run
     throughput: dict[bool, list[float]] = {False: [], True: []}
     cached = 0
     total_on = 0.0

@@ -35,13 +35,14 @@ def test_benchmark_runs_at_smoke_sizes(script: str, tmp_path: Path) -> None:
 
 
 def test_timed_wrapper_counts_calls_and_restores() -> None:
-    """bench_engines' part 1c times F.linear by wrapping it: the time must add up and the original come back."""
+    """bench_engines' part 1c times F.linear by wrapping it (bench_common.timed): the time must add up and the
+    original come back."""
     import torch
     from torch.nn import functional as F
 
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        from bench_engines import timed
+        from bench_common import timed
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     original, spent = F.linear, [0.0]
