@@ -15,7 +15,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -453,7 +453,19 @@ def test_keyboard_interrupt_mid_step_leaves_the_engine_usable(tiny: Path, refere
     assert tokens(llm.generate(PROMPTS[1], greedy(8), use_tqdm=False)) == reference([PROMPTS[1]], [greedy(8)])
 
 
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own Ctrl-C handler, as in a terminal or a notebook kernel. A process started in the background by
+    a script (``cmd &``) inherits SIGINT ignored, and there the engine rightly leaves Ctrl-C alone."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs POSIX signals")
+@pytest.mark.usefixtures("default_sigint")
 @pytest.mark.parametrize("engine", ["kvcache", "chunked"])
 def test_real_ctrl_c_at_random_moments(tiny: Path, reference: Reference, engine: str) -> None:
     """SIGINT from another thread at random moments of a run: the engine is consistent after every one."""
@@ -485,6 +497,7 @@ def test_real_ctrl_c_at_random_moments(tiny: Path, reference: Reference, engine:
 
 
 @pytest.mark.skipif(not hasattr(signal, "raise_signal"), reason="needs signals")
+@pytest.mark.usefixtures("default_sigint")
 @pytest.mark.parametrize("presses", [1, 2])
 def test_ctrl_c_during_a_step_waits_for_its_end_unless_pressed_twice(tiny: Path, presses: int) -> None:
     """One Ctrl-C mid-step takes effect once the step is done (its tokens are kept); a second one, at once."""
@@ -502,6 +515,22 @@ def test_ctrl_c_during_a_step_waits_for_its_end_unless_pressed_twice(tiny: Path,
         llm.generate(PROMPTS, greedy(10), use_tqdm=False)
     assert len(llm.engine.step_stats) == seen["stats"] + (1 if presses == 1 else 0)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.skipif(not hasattr(signal, "raise_signal"), reason="needs signals")
+def test_an_ignored_ctrl_c_stays_ignored(tiny: Path) -> None:
+    """Where Ctrl-C is ignored (a background job) or handled by someone else, a step neither defers nor raises
+    it, and the handler it found is the one it leaves."""
+    llm = make(tiny, "chunked", block_size=2)
+    llm.engine.fault_hook = lambda seqs: signal.raise_signal(signal.SIGINT)  # type: ignore[misc]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        outputs = llm.generate(PROMPTS, greedy(6), use_tqdm=False)  # every step "pressed": nothing happens
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert all(len(o.outputs[0].token_ids) == 6 for o in outputs)
     assert not llm.engine.has_unfinished_requests()
 
 
