@@ -37,7 +37,7 @@ offline-bundle:
 ## Put a notebook back as shipped, keeping yours in notebooks/.backups/: make reset NB=03 (NB=all: every changed one)
 reset: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make reset NB=03   (or NB=all)"; exit 2; }
-	$(BIN)/python -m labkit.reset $(if $(filter all,$(NB)),--all,$(NB))
+	$(BIN)/python -m labkit.workbook.reset $(if $(filter all,$(NB)),--all,$(NB))
 
 ## Regenerate docs/answer_key.md from the notebooks and labkit's reference solutions
 answer-key: $(STAMP)

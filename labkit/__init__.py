@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from labkit.engine import ENGINES  # noqa: E402
 from labkit.llm import LLM, RequestFailedError  # noqa: E402
-from labkit.metrics import RequestMetrics, compute_latencies  # noqa: E402
+from labkit.metrics.request import RequestMetrics, compute_latencies  # noqa: E402
 from labkit.model import PRESETS, ModelConfig  # noqa: E402
 from labkit.model.source import BUNDLED_MODEL  # noqa: E402
 from labkit.outputs import CompletionOutput, RequestOutput  # noqa: E402

@@ -20,17 +20,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from labkit.detokenizer import IncrementalDetokenizer
+from labkit.text.detokenizer import IncrementalDetokenizer
 from labkit.device import resolve_device, resolve_dtype
 from labkit.engine import ENGINES, Engine
 from labkit.engine.base import StepFailedError
-from labkit.metrics import RequestMetrics
+from labkit.metrics.request import RequestMetrics
 from labkit.model import CausalLM, load_checkpoint, random_model
 from labkit.model.source import BUNDLED_MODEL, ModelSource, resolve_model_source
 from labkit.outputs import CompletionOutput, RequestOutput
 from labkit.sampling_params import SamplingParams
 from labkit.sequence import FinishReason, Sequence, SequenceStatus
-from labkit.tokenizer import SafeDecoder, load_tokenizer
+from labkit.text.tokenizer import SafeDecoder, load_tokenizer
 
 Prompt = str | list[int]
 

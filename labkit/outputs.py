@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.metrics import RequestMetrics
+from labkit.metrics.request import RequestMetrics
 
 
 @dataclass

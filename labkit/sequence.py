@@ -11,8 +11,8 @@ from enum import Enum
 
 import torch
 
-from labkit.detokenizer import IncrementalDetokenizer
-from labkit.metrics import RequestMetrics
+from labkit.text.detokenizer import IncrementalDetokenizer
+from labkit.metrics.request import RequestMetrics
 from labkit.sampling_params import SamplingParams
 
 

@@ -55,12 +55,12 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.cache.paged import PagedAttention  # noqa: E402
 from labkit.device import resolve_device, synchronize  # noqa: E402
-from labkit.hardware import device_name  # noqa: E402
+from labkit.analysis.hardware import device_name  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
-from labkit.serving_metrics import Run, run_workload, summarize  # noqa: E402
-from labkit.tokenizer import load_tokenizer  # noqa: E402
+from labkit.metrics.summary import Run, run_workload, summarize  # noqa: E402
+from labkit.text.tokenizer import load_tokenizer  # noqa: E402
 from bench_common import OtherLoad, md_table, timed  # noqa: E402  (scripts/ is on sys.path)
-from labkit.workloads import (  # noqa: E402
+from labkit.workbook.workloads import (  # noqa: E402
     Workload,
     load_workload,
     materialise,

@@ -42,11 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.device import synchronize  # noqa: E402
-from labkit.hardware import DeviceRoof, probe  # noqa: E402
+from labkit.analysis.hardware import DeviceRoof, probe  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
 from labkit.profiling import profile_engine  # noqa: E402
-from labkit.roofline import decode_cost, mbu  # noqa: E402
-from labkit.workloads import prompt_ids_of_length  # noqa: E402
+from labkit.analysis.roofline import decode_cost, mbu  # noqa: E402
+from labkit.workbook.workloads import prompt_ids_of_length  # noqa: E402
 
 from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
 
@@ -299,7 +299,7 @@ def report(command: str, hw: Hardware, sizes: Sizes, dtype: torch.dtype, cells: 
             f"## 5. Decode MBU at batch 1 ({mbu_preset}, random weights, {str(dtype).removeprefix('torch.')})",
             "",
             f"Context {sizes.mbu_context}, {sizes.mbu_tokens} decode steps per run, median step; bytes from "
-            f"`labkit.roofline.decode_cost`; roof measured in this run: {roof.summary()}.",
+            f"`labkit.analysis.roofline.decode_cost`; roof measured in this run: {roof.summary()}.",
             "",
             md_table(["configuration", "step ms", "GB/s", "MBU"], mbu_rows),
             "",

@@ -13,8 +13,8 @@ A full run writes docs/benchmarks/kvcache.md (a smoke run writes a file only whe
    the median decode-step time at each context, and their ratio (notebooks 02-03).
 2. Total time to generate N tokens with each engine: quadratic against linear.
 3. Decode MBU at batch 1 on a preset of a real architecture (``smollm2-135m``: 135M parameters, random
-   weights): the median decode-step time, the bytes that step must move (``labkit.roofline.decode_cost``)
-   and the bandwidth roof measured in this same run (``labkit.hardware.probe``, full size). MBU = achieved
+   weights): the median decode-step time, the bytes that step must move (``labkit.analysis.roofline.decode_cost``)
+   and the bandwidth roof measured in this same run (``labkit.analysis.hardware.probe``, full size). MBU = achieved
    bytes/s over the roof (notebook 04).
 4. Where a decode step's time goes: engine stages, a profile of the forward pass by operator, the floor set
    by the matmul kernels alone (every weight matrix times one vector, nothing else), and the attention call
@@ -42,12 +42,12 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.cache import ContiguousKVCache  # noqa: E402
 from labkit.device import synchronize  # noqa: E402
-from labkit.hardware import DeviceRoof, probe  # noqa: E402
+from labkit.analysis.hardware import DeviceRoof, probe  # noqa: E402
 from labkit.model import CausalLM  # noqa: E402
 from labkit.model.attention import sdpa  # noqa: E402
-from labkit.roofline import StepCost, decode_cost, mbu  # noqa: E402
-from labkit.timing import time_fn  # noqa: E402
-from labkit.workloads import prompt_ids_of_length  # noqa: E402
+from labkit.analysis.roofline import StepCost, decode_cost, mbu  # noqa: E402
+from labkit.analysis.timing import time_fn  # noqa: E402
+from labkit.workbook.workloads import prompt_ids_of_length  # noqa: E402
 
 from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
 
@@ -391,7 +391,7 @@ def report(command: str, hw: Hardware, roof: DeviceRoof, sizes: Sizes, model_nam
         "",
         f"Median of {sizes.mbu_steps} decode steps (engine `kvcache`) at contexts {sizes.mbu_context} .. "
         f"{sizes.mbu_context + min(8, sizes.mbu_steps) - 1} (short runs from the same prompt). Bytes per step from "
-        f"`labkit.roofline.decode_cost` at context {res.context_len}: weights {c.weight_bytes / 1e6:.1f} MB + "
+        f"`labkit.analysis.roofline.decode_cost` at context {res.context_len}: weights {c.weight_bytes / 1e6:.1f} MB + "
         f"KV read {c.kv_read_bytes / 1e6:.2f} MB + KV write {c.kv_write_bytes / 1e3:.1f} kB = "
         f"{c.total_bytes / 1e6:.1f} MB; {c.flops / 1e6:.0f} MFLOP, intensity {c.arithmetic_intensity:.2f} FLOP/byte "
         f"(ridge point {roof.ridge_point:.1f}). MBU = (bytes / time) / measured bandwidth roof "

@@ -11,7 +11,7 @@ A full run writes docs/benchmarks/paged.md and two figures beside it (a smoke ru
 
 1. KV memory waste on the heterogeneous workload (``data/workloads/heterogeneous_64.jsonl``), contiguous
    reservation against paging: the share of allocated KV memory that holds no token, split into
-   reserved-but-unused and internal fragmentation (``labkit.kv_memory``, over every step of every request's
+   reserved-but-unused and internal fragmentation (``labkit.analysis.kv_memory``, over every step of every request's
    life). Goal: paged <= 4%.
 2. Concurrent sequences at equal KV budget: by accounting (every sequence counted at its longest, so no
    preemption is ever needed), and on the real ``paged`` engine given a pool the size of a few
@@ -52,7 +52,7 @@ from bench_common import (  # noqa: E402  (scripts/ is on sys.path)
 
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.cache.block_manager import BlockManager  # noqa: E402
-from labkit.kv_memory import (  # noqa: E402
+from labkit.analysis.kv_memory import (  # noqa: E402
     ContiguousLayout,
     KVMemoryUsage,
     Layout,
@@ -62,8 +62,8 @@ from labkit.kv_memory import (  # noqa: E402
     paged_blocks_per_step,
 )
 from labkit.model.source import resolve_model_source  # noqa: E402
-from labkit.roofline import kv_bytes_per_token  # noqa: E402
-from labkit.workloads import (  # noqa: E402
+from labkit.analysis.roofline import kv_bytes_per_token  # noqa: E402
+from labkit.workbook.workloads import (  # noqa: E402
     Workload,
     load_workload,
     materialise,
@@ -415,7 +415,7 @@ def report(command: str, hw: Hardware, sizes: Sizes, wl: Workload, life: dict[st
         "",
         f"## 1. KV memory waste on {wl.name}",
         "",
-        f"{wl.summary()}. Accounting by `labkit.kv_memory.kv_memory_usage`: every step of every request's life "
+        f"{wl.summary()}. Accounting by `labkit.analysis.kv_memory.kv_memory_usage`: every step of every request's life "
         "counts (during step s a request holds prompt_len + s tokens' K/V), so a slot wasted for 50 steps counts 50 "
         f"times; *at peak* counts each request once, at its longest. max_model_len {MAX_MODEL_LEN}.",
         "",

@@ -93,10 +93,10 @@ def write_notebook(folder: Path, name: str, sources: list[tuple[str, str]]) -> N
     (folder / name).write_text(json.dumps(nb))
 
 
-TASK_MD = "### Task 1 — the admission rule\n\nWrite `admit`. It mirrors **`labkit.scheduling_policy.admit_fcfs`**."
+TASK_MD = "### Task 1 — the admission rule\n\nWrite `admit`. It mirrors **`labkit.engine.sched.policy.admit_fcfs`**."
 STUB = "def admit(waiting, num_free_slots, token_budget, num_free_blocks):\n    raise NotImplementedError"
 CHECK = ("from labkit.exercises import use_or_reference\nfrom labkit.exercises.ch07 import check_admit_fcfs\n"
-         "from labkit.scheduling_policy import admit_fcfs\n\n"
+         "from labkit.engine.sched.policy import admit_fcfs\n\n"
          "admit = use_or_reference(check_admit_fcfs(admit), admit, admit_fcfs)")
 
 
@@ -104,7 +104,7 @@ def test_collects_a_task_and_resolves_names_through_the_notebook_imports(tmp_pat
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", CHECK)])
     (task,) = key.collect_tasks(tmp_path)
     from labkit.exercises.ch07 import check_admit_fcfs
-    from labkit.scheduling_policy import admit_fcfs
+    from labkit.engine.sched.policy import admit_fcfs
 
     assert (task.notebook, task.number, task.title) == ("42_demo", 1, "the admission rule")
     assert task.checker is check_admit_fcfs and task.reference is admit_fcfs and task.mirrored is admit_fcfs
@@ -126,7 +126,7 @@ def test_a_task_that_names_no_mirrored_symbol_is_an_error(tmp_path: Path) -> Non
 
 
 def test_an_unimported_reference_is_an_error(tmp_path: Path) -> None:
-    check = CHECK.replace("from labkit.scheduling_policy import admit_fcfs\n", "")
+    check = CHECK.replace("from labkit.engine.sched.policy import admit_fcfs\n", "")
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", check)])
     with pytest.raises(key.AnswerKeyError, match="cannot tell where 'admit_fcfs' comes from"):
         key.collect_tasks(tmp_path)

@@ -1,5 +1,5 @@
 """The load generator: metrics on hand-computed timelines (vLLM's definitions), arrivals, datasets, the
-stream parser, and a smoke run of ``python -m labkit.serve`` + ``labkit.bench`` producing every metric."""
+stream parser, and a smoke run of ``python -m labkit.serving`` + ``labkit.bench`` producing every metric."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from labkit.bench import (BenchResult, ChatLikeDataset, RandomDataset, RequestRe
 from labkit.bench.__main__ import main as bench_main
 from labkit.bench.client import build_payload, send_request
 from labkit.bench.datasets import BenchRequest
-from labkit.bench.metrics import LatencyStats
+from labkit.metrics.benchmark import LatencyStats
 from labkit.bench.runner import load_tokenizer_for, run_sync
 from labkit.serving import ServerProcess
 
@@ -214,7 +214,7 @@ def test_config_checks_its_fields() -> None:
             ServeBenchConfig(**{"base_url": "http://127.0.0.1:1", **kwargs})  # type: ignore[arg-type]
 
 
-# ---- a smoke run against the real server (python -m labkit.serve in a child process) ----
+# ---- a smoke run against the real server (python -m labkit.serving in a child process) ----
 
 @pytest.fixture(scope="module")
 def server():  # type: ignore[no-untyped-def]

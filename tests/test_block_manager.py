@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit.cache.block_manager import BlockManager
-from labkit.detokenizer import IncrementalDetokenizer
-from labkit.metrics import RequestMetrics
+from labkit.text.detokenizer import IncrementalDetokenizer
+from labkit.metrics.request import RequestMetrics
 from labkit.sampling_params import SamplingParams
 from labkit.sequence import Sequence
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit.detokenizer import IncrementalDetokenizer
+from labkit.text.detokenizer import IncrementalDetokenizer
 
 
 def feed(tokenizer, text: str, stop: list[str] | None = None):  # type: ignore[no-untyped-def]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from labkit.exercises import use_or_reference
 from labkit.exercises.ch00 import check_attainable_flops
 from labkit.exercises.ch01 import check_request_latencies
-from labkit.hardware import attainable_flops
-from labkit.metrics import compute_latencies
+from labkit.analysis.hardware import attainable_flops
+from labkit.metrics.request import compute_latencies
 
 
 def test_ch00_roofline_checker() -> None:
@@ -52,7 +52,7 @@ def test_ch02_top_p_checker() -> None:
     import torch
 
     from labkit.exercises.ch02 import check_top_p
-    from labkit.sampler import apply_top_p
+    from labkit.engine.sampler import apply_top_p
 
     assert check_top_p(apply_top_p).passed
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from labkit.cache.block_manager import hash_block
 from labkit.exercises import use_or_reference
 from labkit.exercises.ch06 import check_block_hashes, check_slot, reference_slot, use_slot
-from labkit.kv_memory import block_hashes
+from labkit.analysis.kv_memory import block_hashes
 
 
 def stub(*args):  # type: ignore[no-untyped-def]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from labkit.exercises import use_or_reference
 from labkit.exercises.ch07 import check_admit_fcfs
 from labkit.exercises.ch08 import check_fill_token_budget
-from labkit.scheduling_policy import admit_fcfs, fill_token_budget
+from labkit.engine.sched.policy import admit_fcfs, fill_token_budget
 
 
 def test_ch07_admission_checker_passes_the_reference() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit.bench.metrics import RequestRecord, request_goodput
+from labkit.metrics.benchmark import RequestRecord, request_goodput
 from labkit.exercises import use_or_reference
 from labkit.exercises.ch09 import check_goodput
 

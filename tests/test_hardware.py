@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from labkit.hardware import DeviceRoof, attainable_flops, probe
-from labkit.profile import pick_profile, smoke_mode
-from labkit.timing import time_fn
+from labkit.analysis.hardware import DeviceRoof, attainable_flops, probe
+from labkit.workbook.profile import pick_profile, smoke_mode
+from labkit.analysis.timing import time_fn
 
 
 def test_probe_measures_positive_finite_roofs(tmp_path) -> None:
@@ -44,7 +44,7 @@ def test_profiles(monkeypatch) -> None:
 
 
 def test_human_bytes() -> None:
-    from labkit.units import human_bytes
+    from labkit.analysis.units import human_bytes
 
     assert human_bytes(512) == "512 B"
     assert human_bytes(1536) == "1.50 KiB"

@@ -1,4 +1,4 @@
-"""KV-memory accounting (labkit.kv_memory): hand-computed cases, and the real ``paged`` engine agrees."""
+"""KV-memory accounting (labkit.analysis.kv_memory): hand-computed cases, and the real ``paged`` engine agrees."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from labkit import LLM, SamplingParams
 from labkit.cache.block_manager import hash_block
-from labkit.kv_memory import (
+from labkit.analysis.kv_memory import (
     ContiguousLayout,
     PagedLayout,
     block_hashes,
@@ -16,7 +16,7 @@ from labkit.kv_memory import (
     paged_blocks_per_step,
     peak_len,
 )
-from labkit.workloads import WorkloadRequest, load_workload
+from labkit.workbook.workloads import WorkloadRequest, load_workload
 
 A = WorkloadRequest(prompt_len=5, output_len=4)  # in cache during its 4 steps: 5, 6, 7, 8 tokens
 B = WorkloadRequest(prompt_len=10, output_len=3)  # 10, 11, 12

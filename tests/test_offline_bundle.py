@@ -32,7 +32,7 @@ bundle = load_script()
 
 def test_the_workbook_ships_notebooks_model_and_package_but_no_local_state() -> None:
     shipped = {p.relative_to(ROOT).as_posix() for p in bundle.workbook_files(ROOT)}
-    for needed in ("requirements.txt", "pyproject.toml", "Makefile", "labkit/__init__.py", "labkit/reset.py",
+    for needed in ("requirements.txt", "pyproject.toml", "Makefile", "labkit/__init__.py", "labkit/workbook/reset.py",
                    "notebooks/00_setup_and_hardware.ipynb", "data/labkit-tiny/model.safetensors",
                    "data/labkit-tiny/tokenizer.json", "scripts/offline_bundle.py"):
         assert needed in shipped, needed

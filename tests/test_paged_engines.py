@@ -9,7 +9,7 @@ import pytest
 
 from conftest import RANDOM_KINDS, hf_greedy
 from labkit import ENGINES, LLM, SamplingParams
-from labkit.corpus import long_text, story_prompts
+from labkit.workbook.corpus import long_text, story_prompts
 
 PAGED_ENGINES = ["paged", "continuous", "chunked"]
 

@@ -1,4 +1,4 @@
-"""Static-batching accounting (labkit.batching) matches the kvcache engine, and its plots draw."""
+"""Static-batching accounting (labkit.analysis.batching) matches the kvcache engine, and its plots draw."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from labkit import LLM  # noqa: E402
-from labkit.batching import (  # noqa: E402
+from labkit.analysis.batching import (  # noqa: E402
     TokenCounts,
     static_batch_occupancy,
     static_batches,
     static_batching_waste,
 )
-from labkit.plots import plot_slot_occupancy, plot_token_breakdown  # noqa: E402
-from labkit.workloads import load_workload, materialise, sampling_params_for  # noqa: E402
+from labkit.workbook.plots import plot_slot_occupancy, plot_token_breakdown  # noqa: E402
+from labkit.workbook.workloads import load_workload, materialise, sampling_params_for  # noqa: E402
 
 PROMPTS, OUTPUTS = [4, 2, 10, 1, 6], [1, 3, 1, 8, 2]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from labkit import LLM, SamplingParams
-from labkit.request_trace import time_stream, trace_request
+from labkit.profiling.request_trace import time_stream, trace_request
 
 PROMPT = "Once upon a time, there was a little fox named Ben. Ben loved to"
 
@@ -92,8 +92,8 @@ def test_plots_of_a_trace_and_a_roof_draw_labelled_axes(llm: LLM) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from labkit.hardware import DeviceRoof
-    from labkit.plots import plot_request_timeline, plot_roofline, plot_stage_breakdown, plot_token_latencies
+    from labkit.analysis.hardware import DeviceRoof
+    from labkit.workbook.plots import plot_request_timeline, plot_roofline, plot_stage_breakdown, plot_token_latencies
 
     trace = trace_request(llm, PROMPT, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     roof = DeviceRoof("cpu", "test CPU", "float32", 10e9, 8e9, 10e9, 100e9, 512, 1 << 26, 2)

@@ -1,4 +1,4 @@
-"""labkit.reset: a notebook goes back to its original (git HEAD, else .pristine/), the learner's copy is kept."""
+"""labkit.workbook.reset: a notebook goes back to its original (git HEAD, else .pristine/), the learner's copy is kept."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.reset import BACKUP_DIR, PRISTINE_DIR, ResetError, find_notebook, main, reset_notebook, snapshot, status
+from labkit.workbook.reset import BACKUP_DIR, PRISTINE_DIR, ResetError, find_notebook, main, reset_notebook, snapshot, status
 
 ROOT = Path(__file__).resolve().parents[1]
 ORIGINAL = json.dumps({"cells": [{"cell_type": "code", "source": "def write_kv(cache, new, start):\n    raise "
@@ -126,7 +126,7 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_runs_as_a_module_on_this_workbook() -> None:
     # Read-only: --list changes nothing. The committed notebooks all have an original here.
-    proc = subprocess.run([sys.executable, "-m", "labkit.reset", "--list"], cwd=ROOT / "notebooks",
+    proc = subprocess.run([sys.executable, "-m", "labkit.workbook.reset", "--list"], cwd=ROOT / "notebooks",
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "03_kv_cache.ipynb" in proc.stdout

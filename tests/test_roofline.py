@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from labkit.hardware import DeviceRoof
+from labkit.analysis.hardware import DeviceRoof
 from labkit.model import PRESETS, CausalLM, ModelConfig
-from labkit.roofline import (
+from labkit.analysis.roofline import (
     StepCost,
     attended_keys,
     decode_cost,

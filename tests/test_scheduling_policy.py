@@ -1,4 +1,4 @@
-"""The pure scheduling rules (labkit.scheduling_policy) say exactly what the real Scheduler does.
+"""The pure scheduling rules (labkit.engine.sched.policy) say exactly what the real Scheduler does.
 
 Each test drives a live engine with add_request/step and, before every step, asks the pure rule what
 the step should compute; after the step, every sequence must have computed exactly that many tokens,
@@ -12,7 +12,7 @@ import random
 import pytest
 
 from labkit import LLM, SamplingParams
-from labkit.scheduling_policy import TokenPlan, admit_fcfs, fill_token_budget, planned_tokens, scheduler_state
+from labkit.engine.sched.policy import TokenPlan, admit_fcfs, fill_token_budget, planned_tokens, scheduler_state
 from labkit.sequence import Sequence
 
 

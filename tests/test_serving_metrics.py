@@ -13,10 +13,10 @@ import pytest  # noqa: E402
 
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.engine.base import StepStats  # noqa: E402
-from labkit.metrics import RequestMetrics  # noqa: E402
+from labkit.metrics.request import RequestMetrics  # noqa: E402
 from labkit.outputs import CompletionOutput, RequestOutput  # noqa: E402
-from labkit.plots import plot_gantt  # noqa: E402
-from labkit.serving_metrics import Percentiles, gantt_rows, run_duration, run_workload, summarize  # noqa: E402
+from labkit.workbook.plots import plot_gantt  # noqa: E402
+from labkit.metrics.summary import Percentiles, gantt_rows, run_duration, run_workload, summarize  # noqa: E402
 
 
 def output(arrival: float, scheduled: float, token_times: list[float], num_prompt: int) -> RequestOutput:

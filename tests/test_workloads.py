@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 from labkit import LLM
-from labkit.workloads import (
+from labkit.workbook.workloads import (
     WORKLOADS_DIR,
     Workload,
     WorkloadRequest,

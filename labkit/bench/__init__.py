@@ -12,7 +12,7 @@ Modules: ``datasets`` (what to send), ``arrivals`` (when), ``client`` (one timed
 
 from labkit.bench.arrivals import arrival_times
 from labkit.bench.datasets import DATASETS, BenchRequest, ChatLikeDataset, RandomDataset, SharedPrefixDataset
-from labkit.bench.metrics import (BenchMetrics, LatencyStats, RequestRecord, calculate_metrics, parse_goodput,
+from labkit.metrics.benchmark import (BenchMetrics, LatencyStats, RequestRecord, calculate_metrics, parse_goodput,
                                   request_goodput)
 from labkit.bench.runner import BenchResult, ServeBenchConfig, benchmark_serving, run_serve_benchmark
 

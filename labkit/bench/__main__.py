@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from labkit.bench.datasets import ChatLikeDataset, RandomDataset, SharedPrefixDataset
-from labkit.bench.metrics import parse_goodput
+from labkit.metrics.benchmark import parse_goodput
 from labkit.bench.runner import ServeBenchConfig, benchmark_serving
 
 

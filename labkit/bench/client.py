@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from labkit.bench.datasets import BenchRequest
-from labkit.bench.metrics import RequestRecord
+from labkit.metrics.benchmark import RequestRecord
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"

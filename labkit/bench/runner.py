@@ -4,7 +4,7 @@ This is ``vllm bench serve`` in small: draw requests (``labkit.bench.datasets``)
 (``labkit.bench.arrivals``), send warm-up requests first (not measured: first calls pay one-off
 costs), then send each request at its time, at most ``max_concurrency`` in flight, each streamed and
 timed (``labkit.bench.client``), with a progress bar. The result holds every request's record and
-the run's metrics (``labkit.bench.metrics``); it saves to JSON with vLLM's keys, loads back, and
+the run's metrics (``labkit.metrics.benchmark``); it saves to JSON with vLLM's keys, loads back, and
 recomputes goodput for other SLOs without re-running anything.
 
     result = benchmark_serving(ServeBenchConfig(base_url="http://127.0.0.1:8000", num_prompts=64,
@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from labkit.bench.arrivals import arrival_times
 from labkit.bench.client import COMPLETIONS_ENDPOINT, build_payload, send_request
 from labkit.bench.datasets import BenchRequest, ChatLikeDataset, Dataset, RandomDataset, SharedPrefixDataset
-from labkit.bench.metrics import BenchMetrics, RequestRecord, calculate_metrics, parse_goodput
+from labkit.metrics.benchmark import BenchMetrics, RequestRecord, calculate_metrics, parse_goodput
 
 T = TypeVar("T")
 
@@ -152,7 +152,7 @@ class BenchResult:
 
 def load_tokenizer_for(config: ServeBenchConfig) -> Any:
     from labkit.model.source import bundled_model_path
-    from labkit.tokenizer import load_tokenizer
+    from labkit.text.tokenizer import load_tokenizer
 
     return load_tokenizer(config.tokenizer or bundled_model_path())
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from labkit.engine.async_scheduling import AsyncSchedulingMixin
 from labkit.engine.base import StageClock
 from labkit.engine.paged import PagedConfig, PagedEngineBase
-from labkit.engine.scheduler import Scheduler
+from labkit.engine.sched.scheduler import Scheduler
 from labkit.sequence import Sequence
 
 

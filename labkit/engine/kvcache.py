@@ -16,7 +16,7 @@ import torch
 
 from labkit.cache.contiguous import ContiguousKVCache
 from labkit.engine.base import Engine, EngineConfig, StageClock, StepStats
-from labkit.sampler import sample
+from labkit.engine.sampler import sample
 from labkit.sequence import Sequence, SequenceStatus
 
 

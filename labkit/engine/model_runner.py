@@ -19,7 +19,7 @@ from labkit.cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVPo
 from labkit.engine.base import StageClock
 from labkit.engine.cuda_graphs import DecodeGraphs
 from labkit.model import CausalLM
-from labkit.sampler import sample
+from labkit.engine.sampler import sample
 from labkit.sequence import Sequence
 
 

@@ -12,7 +12,7 @@ from collections import deque
 import torch
 
 from labkit.engine.base import Engine, StageClock, StepStats
-from labkit.sampler import sample
+from labkit.engine.sampler import sample
 from labkit.sequence import Sequence, SequenceStatus
 
 

@@ -1,6 +1,6 @@
 """Checkers for notebook 00 (``00_setup_and_hardware``).
 
-Task 1 mirrors ``labkit.hardware.attainable_flops``: the roofline.
+Task 1 mirrors ``labkit.analysis.hardware.attainable_flops``: the roofline.
 """
 
 from __future__ import annotations

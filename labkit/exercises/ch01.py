@@ -1,6 +1,6 @@
 """Checkers for notebook 01 (``01_anatomy_of_a_request``).
 
-Task 1 mirrors ``labkit.metrics.compute_latencies``: TTFT, ITL, TPOT and E2E from timestamps.
+Task 1 mirrors ``labkit.metrics.request.compute_latencies``: TTFT, ITL, TPOT and E2E from timestamps.
 """
 
 from __future__ import annotations

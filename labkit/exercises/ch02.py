@@ -1,6 +1,6 @@
 """Checkers for notebook 02 (``02_naive_generation``).
 
-Task 1 mirrors ``labkit.sampler.apply_top_p``: nucleus (top-p) filtering of one row of logits.
+Task 1 mirrors ``labkit.engine.sampler.apply_top_p``: nucleus (top-p) filtering of one row of logits.
 """
 
 from __future__ import annotations

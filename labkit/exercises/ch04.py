@@ -1,6 +1,6 @@
 """Checkers for notebook 04 (``04_prefill_vs_decode``).
 
-Task 1 mirrors ``labkit.roofline.decode_cost``: the FLOPs and bytes of one decode step, from the
+Task 1 mirrors ``labkit.analysis.roofline.decode_cost``: the FLOPs and bytes of one decode step, from the
 model config, the batch size and the context length. Checked on tiny configs small enough to count
 by hand (see ``DECODE_CASES``).
 """
@@ -52,7 +52,7 @@ DECODE_CASES: list[tuple[str, ModelConfig, int, int, int, tuple[int, int]]] = [
 def flops_and_bytes(result: Any) -> tuple[int, int]:
     """(FLOPs, total bytes) from what a decode-cost function returned.
 
-    Accepts a ``labkit.roofline.StepCost`` (``flops``, ``total_bytes``), a dict with ``flops`` and
+    Accepts a ``labkit.analysis.roofline.StepCost`` (``flops``, ``total_bytes``), a dict with ``flops`` and
     ``bytes`` (or ``total_bytes``), an object with ``flops`` and ``bytes``, or a (flops, bytes) pair.
     """
     if isinstance(result, Mapping):

@@ -1,8 +1,8 @@
 """Checkers for notebook 05 (``05_static_batching``).
 
-Task 1 mirrors ``labkit.batching.static_batch_tokens``: how many token positions one static batch
+Task 1 mirrors ``labkit.analysis.batching.static_batch_tokens``: how many token positions one static batch
 computes, and how many of them were useful. Checked on hand-counted batches, then on random batches
-against a cell-by-cell count of the slot-occupancy grid (``labkit.batching.static_batch_occupancy``).
+against a cell-by-cell count of the slot-occupancy grid (``labkit.analysis.batching.static_batch_occupancy``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from labkit.batching import static_batch_occupancy
+from labkit.analysis.batching import static_batch_occupancy
 from labkit.exercises import Check, CheckResult, run_checker
 
 # (prompt_lens, output_lens) of one static batch -> (computed, useful), counted by hand:

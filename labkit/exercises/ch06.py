@@ -4,7 +4,7 @@ Task 1 mirrors ``BlockManager.block_table_slot``: the slot mapping, where token 
 sequence lives in the paged pool. Checked on hand-made block tables, then end to end: the ``paged``
 engine with the learner's slot mapping must produce the same greedy tokens as with labkit's.
 
-Task 2 mirrors ``labkit.kv_memory.block_hashes``: the prefix cache's chained hash of every full block,
+Task 2 mirrors ``labkit.analysis.kv_memory.block_hashes``: the prefix cache's chained hash of every full block,
 as ``BlockManager.cache_full_blocks`` computes it. Checked on small token lists, then against a real
 engine: the learner's hashes must be the ones the block manager registered, and must predict how
 many prompt tokens the next request finds in the cache.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from labkit.cache.block_manager import BlockManager, hash_block
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.kv_memory import block_hashes
+from labkit.analysis.kv_memory import block_hashes
 
 SlotFn = Callable[[list[int], int, int], int]
 BlockHashesFn = Callable[[list[int], int], list[int]]

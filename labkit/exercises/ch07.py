@@ -1,6 +1,6 @@
 """Checkers for notebook 07 (``07_continuous_batching``).
 
-Task 1 mirrors ``labkit.scheduling_policy.admit_fcfs``: the admission rule of the ``continuous``
+Task 1 mirrors ``labkit.engine.sched.policy.admit_fcfs``: the admission rule of the ``continuous``
 engine's scheduler. Given the free slots, the token budget left after this step's decodes, the free KV
 blocks, and each waiting request's needs (tokens, blocks) in queue order, which requests join this step?
 """
@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.scheduling_policy import admit_fcfs
+from labkit.engine.sched.policy import admit_fcfs
 
 Admit = Callable[[Sequence[tuple[int, int]], int, int, int], Sequence[int]]
 

@@ -1,6 +1,6 @@
 """Checkers for notebook 08 (``08_chunked_prefill``).
 
-Task 1 mirrors ``labkit.scheduling_policy.fill_token_budget``: the budget-filling policy of the
+Task 1 mirrors ``labkit.engine.sched.policy.fill_token_budget``: the budget-filling policy of the
 ``chunked`` engine's scheduler (Sarathi-Serve, vLLM's default): decodes first, then the next chunk of
 each partial prefill, then waiting prompts FCFS, each prefill taking min(tokens left, budget left).
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.scheduling_policy import fill_token_budget
+from labkit.engine.sched.policy import fill_token_budget
 
 FillBudget = Callable[[int, Sequence[int], Sequence[int], int, int], Any]
 

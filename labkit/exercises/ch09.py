@@ -1,6 +1,6 @@
 """Checkers for notebook 09 (``09_serving_and_metrics``).
 
-Task 1 mirrors ``labkit.bench.metrics.request_goodput``: from per-request records (what the load
+Task 1 mirrors ``labkit.metrics.benchmark.request_goodput``: from per-request records (what the load
 generator saw), SLOs in milliseconds and the run's duration in seconds, how many requests per second
 met *every* SLO? The rules are vLLM's: only completed requests count; a request meets an SLO when its
 value is <= the limit; TPOT is ``(E2EL - TTFT) / (output tokens - 1)`` and 0 for a single-token
@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-from labkit.bench.metrics import RequestRecord, request_goodput
+from labkit.metrics.benchmark import RequestRecord, request_goodput
 from labkit.exercises import Check, CheckResult, run_checker
 
 Goodput = Callable[[Sequence[RequestRecord], Mapping[str, float], float], float]

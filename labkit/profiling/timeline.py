@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
-from labkit.plots import STAGE_COLORS
+from labkit.workbook.plots import STAGE_COLORS
 from labkit.profiling.trace_analysis import TraceAnalysis, busy_time
 
 COLORS = {**STAGE_COLORS, "stream": "#e377c2"}

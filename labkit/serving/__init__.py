@@ -1,11 +1,11 @@
 """Serving under load (notebook 09): an async engine, an OpenAI-compatible server, and its launchers.
 
     from labkit.serving import ServerProcess
-    with ServerProcess(engine="chunked") as server:      # python -m labkit.serve, on 127.0.0.1
+    with ServerProcess(engine="chunked") as server:      # python -m labkit.serving, on 127.0.0.1
         print(server.base_url)                           # point the openai client or labkit.bench at it
 
 Modules: ``async_engine`` (AsyncLLM: the engine loop in a background thread), ``protocol`` (request
-validation), ``metrics`` (Prometheus), ``api_server`` (the FastAPI app), ``cli`` (``python -m labkit.serve``),
+validation), ``api_server`` (the FastAPI app), ``cli`` (``python -m labkit.serving``),
 ``launcher`` (start and stop a server from a notebook or a test).
 """
 
@@ -13,7 +13,7 @@ from labkit.serving.api_server import build_app
 from labkit.serving.cli import ServerConfig, run_server
 from labkit.serving.async_engine import AsyncLLM, EngineDeadError, TokenDelta
 from labkit.serving.launcher import ServerProcess, ServerThread
-from labkit.serving.metrics import EngineState, ServerMetrics
+from labkit.metrics.prometheus import EngineState, ServerMetrics
 from labkit.serving.protocol import ChatCompletionRequest, CompletionRequest, RequestError
 
 __all__ = [

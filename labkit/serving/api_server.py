@@ -12,7 +12,7 @@ A client that disconnects has its request aborted at once (its KV blocks freed),
 Bad input gets a 400 naming the field, the value and the limit (``labkit.serving.protocol``); an
 unknown model name a 404. The server binds 127.0.0.1 unless told otherwise.
 
-Run it with ``python -m labkit.serve`` (``labkit.serving.cli``).
+Run it with ``python -m labkit.serving`` (``labkit.serving.cli``).
 Introduced in notebook 09 (``09_serving_and_metrics``).
 """
 

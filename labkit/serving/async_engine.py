@@ -31,7 +31,7 @@ from typing import Any
 from labkit.llm import LLM
 from labkit.sampling_params import SamplingParams
 from labkit.sequence import Sequence, SequenceStatus
-from labkit.serving.metrics import EngineState, ServerMetrics
+from labkit.metrics.prometheus import EngineState, ServerMetrics
 
 
 @dataclass(frozen=True)

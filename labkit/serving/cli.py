@@ -1,6 +1,6 @@
-"""``python -m labkit.serve``: load a model, start the engine thread, serve the app with uvicorn.
+"""``python -m labkit.serving``: load a model, start the engine thread, serve the app with uvicorn.
 
-    python -m labkit.serve --model labkit-tiny --engine chunked --port 8000 --max-num-batched-tokens 256
+    python -m labkit.serving --model labkit-tiny --engine chunked --port 8000 --max-num-batched-tokens 256
 
 Binds 127.0.0.1 unless ``--host`` says otherwise (and warns then: the server has no authentication).
 ``--port 0`` takes any free port; the ready line printed once the socket is bound says which, and
@@ -23,9 +23,9 @@ from labkit.llm import LLM
 from labkit.model.source import BUNDLED_MODEL
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import AsyncLLM
-from labkit.serving.metrics import ServerMetrics
+from labkit.metrics.prometheus import ServerMetrics
 
-READY_LINE = "labkit.serve listening on"  # printed once the socket is bound; launchers wait for it
+READY_LINE = "labkit.serving listening on"  # printed once the socket is bound; launchers wait for it
 
 
 @dataclass
@@ -94,7 +94,7 @@ def run_server(config: ServerConfig) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    p = argparse.ArgumentParser(prog="python -m labkit.serve", description="labkit's OpenAI-compatible server")
+    p = argparse.ArgumentParser(prog="python -m labkit.serving", description="labkit's OpenAI-compatible server")
     p.add_argument("--model", default=BUNDLED_MODEL, help="bundled model name, checkpoint folder or preset")
     p.add_argument("--engine", default=None, help="engine name (default: chunked)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -132,5 +132,5 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_server(config)
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:  # bad option, unknown model, port taken
-        print(f"labkit.serve: error: {exc}", file=sys.stderr)
+        print(f"labkit.serving: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -1,6 +1,6 @@
 """Start and stop a server from a notebook or a test: as a child process, or in this process.
 
-``ServerProcess`` runs ``python -m labkit.serve`` as a child process, as you would in production:
+``ServerProcess`` runs ``python -m labkit.serving`` as a child process, as you would in production:
 the engine has its own interpreter, so the load generator in the notebook does not compete with it
 for Python's lock. Its output goes to a log file (``.log()`` reads it). ``ServerThread`` runs the
 same app with uvicorn in a thread of this process: it starts in a second and gives direct access to
@@ -28,7 +28,7 @@ from labkit.llm import LLM
 from labkit.serving.api_server import build_app
 from labkit.serving.cli import READY_LINE, ServerConfig, bind_socket, make_async_llm, uvicorn_server
 from labkit.serving.async_engine import AsyncLLM
-from labkit.serving.metrics import ServerMetrics
+from labkit.metrics.prometheus import ServerMetrics
 
 
 def wait_for_health(base_url: str, timeout: float, alive: Any = None) -> None:
@@ -47,7 +47,7 @@ def wait_for_health(base_url: str, timeout: float, alive: Any = None) -> None:
 
 
 class ServerProcess:
-    """``python -m labkit.serve`` as a child process on 127.0.0.1. Notebook 09.
+    """``python -m labkit.serving`` as a child process on 127.0.0.1. Notebook 09.
 
         with ServerProcess(engine="chunked", max_num_batched_tokens=256) as server:
             run = benchmark_serving(ServeBenchConfig(base_url=server.base_url, ...))
@@ -80,7 +80,7 @@ class ServerProcess:
         """Launch the child and return at once (start several, then ``wait_until_ready`` each)."""
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "labkit.serve", *self.args], stdout=log,
+            self.process = subprocess.Popen([sys.executable, "-m", "labkit.serving", *self.args], stdout=log,
                                             stderr=subprocess.STDOUT, env=env)
         self._deadline = time.monotonic() + self.startup_timeout
         return self

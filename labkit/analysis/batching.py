@@ -120,7 +120,7 @@ class SlotOccupancy:
     """What every batch slot did at every engine step: the grid behind a slot-occupancy timeline.
 
     Arrays are (num_steps, num_slots). A cell with no positions and not idle is an empty slot (no
-    request in it). Notebook 05 draws it with ``labkit.plots.plot_slot_occupancy``; any engine that
+    request in it). Notebook 05 draws it with ``labkit.workbook.plots.plot_slot_occupancy``; any engine that
     can say, per step and slot, how many positions were useful, padding or idle can fill one.
     """
 

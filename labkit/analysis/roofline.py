@@ -1,7 +1,7 @@
 """Bytes moved and FLOPs done by one forward step, computed from the model config alone.
 
 A step can go no faster than moving its bytes at the memory-bandwidth roof or doing its FLOPs at
-the compute roof (``labkit.hardware``). Which roof binds depends on the step's *arithmetic
+the compute roof (``labkit.analysis.hardware``). Which roof binds depends on the step's *arithmetic
 intensity*, FLOPs per byte: a decode step multiplies every weight by one vector per sequence
 (~2·B FLOPs per weight read, so intensity ≈ batch size), while a prefill step multiplies every
 weight by a whole prompt (~2·B·T FLOPs per weight). Introduced in notebook 04
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.hardware import DeviceRoof
+from labkit.analysis.hardware import DeviceRoof
 from labkit.model.config import ModelConfig
 
 

@@ -1,6 +1,6 @@
 """Serving metrics over a whole run: throughput, latency percentiles, preemptions, and Gantt data.
 
-One request's latencies (``labkit.metrics``) say how *that* request fared; a scheduler is judged on the
+One request's latencies (``labkit.metrics.request``) say how *that* request fared; a scheduler is judged on the
 whole workload. ``summarize`` turns a run's ``RequestOutput``s into the numbers vLLM's benchmark reports:
 
 * throughput over the run's wall time (first arrival -> last token): requests/s, output tokens/s, and

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from labkit.llm import LLM, Prompt
-from labkit.metrics import RequestMetrics
+from labkit.metrics.request import RequestMetrics
 from labkit.sampling_params import SamplingParams
 
 

@@ -33,7 +33,7 @@ from labkit.cache.block_manager import hash_block
 
 
 class Request(Protocol):
-    """Anything with a prompt and an output length, e.g. ``labkit.workloads.WorkloadRequest``. Notebook 06."""
+    """Anything with a prompt and an output length, e.g. ``labkit.workbook.workloads.WorkloadRequest``. Notebook 06."""
 
     prompt_len: int
     output_len: int

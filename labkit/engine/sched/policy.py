@@ -1,6 +1,6 @@
 """The scheduler's two rules as small pure functions: whom to admit, and how to fill the token budget.
 
-``labkit.engine.scheduler.Scheduler.schedule`` decides every step which sequences run and how many
+``labkit.engine.sched.scheduler.Scheduler.schedule`` decides every step which sequences run and how many
 tokens each computes. Inside it are two rules, written out here on plain numbers so they can be read,
 tested and re-implemented in isolation (tests/test_scheduling_policy.py checks that the real scheduler
 does exactly what these functions say):
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from labkit.engine.scheduler import Scheduler
+    from labkit.engine.sched.scheduler import Scheduler
 
 
 def admit_fcfs(waiting: Sequence[tuple[int, int]], num_free_slots: int, token_budget: int,

@@ -24,10 +24,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from labkit.corpus import long_text
+from labkit.workbook.corpus import long_text
 from labkit.sampling_params import SamplingParams
 
-WORKLOADS_DIR = Path(__file__).resolve().parents[1] / "data" / "workloads"
+WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "data" / "workloads"
 HEADER_KEY = "workload"  # the first line of a workload file names it; request lines never have this key
 
 

@@ -20,9 +20,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter
 
-from labkit.batching import SlotOccupancy, TokenCounts
-from labkit.hardware import DeviceRoof
-from labkit.request_trace import RequestTrace
+from labkit.analysis.batching import SlotOccupancy, TokenCounts
+from labkit.analysis.hardware import DeviceRoof
+from labkit.profiling.request_trace import RequestTrace
 
 # One colour per stage, the same in every plot of the workbook.
 STAGE_COLORS: dict[str, str] = {
@@ -298,7 +298,7 @@ def plot_token_breakdown(counts: Mapping[str, TokenCounts], ax: Axes | None = No
 from typing import TYPE_CHECKING  # noqa: E402  (kept with the function that needs it)
 
 if TYPE_CHECKING:
-    from labkit.serving_metrics import GanttRow
+    from labkit.metrics.summary import GanttRow
 
 GANTT_COLORS: dict[str, str] = {
     "waiting (queued)": "#d9d9d9",
@@ -310,7 +310,7 @@ GANTT_COLORS: dict[str, str] = {
 
 def plot_gantt(rows: Sequence[GanttRow], ax: Axes | None = None, unit: str = "step", title: str | None = None,
                max_rows: int = 64) -> Axes:
-    """Gantt chart, one row per request (``labkit.serving_metrics.gantt_rows``), first arrival at the top.
+    """Gantt chart, one row per request (``labkit.metrics.summary.gantt_rows``), first arrival at the top.
 
     Each row shows the request waiting in the queue, its prefill (first scheduled -> first token), its
     decode, and, under static batching, its slot held idle after it finished until its batch ended

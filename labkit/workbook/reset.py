@@ -1,10 +1,10 @@
 """Start a notebook over: restore its original version, keeping a backup of yours. No git knowledge needed.
 
-    python -m labkit.reset 03          # notebook 03 back to its original state; yours goes to notebooks/.backups/
-    python -m labkit.reset 03 07       # several at once
-    python -m labkit.reset --all       # every notebook you changed
-    python -m labkit.reset --list      # which notebooks differ from the original
-    python -m labkit.reset --snapshot  # keep original copies in .pristine/ (for a copy without git history)
+    python -m labkit.workbook.reset 03          # notebook 03 back to its original state; yours goes to notebooks/.backups/
+    python -m labkit.workbook.reset 03 07       # several at once
+    python -m labkit.workbook.reset --all       # every notebook you changed
+    python -m labkit.workbook.reset --list      # which notebooks differ from the original
+    python -m labkit.workbook.reset --snapshot  # keep original copies in .pristine/ (for a copy without git history)
 
 The original comes from git's last commit when the workbook is a git checkout (``git show HEAD:...``), else
 from ``.pristine/notebooks/``, which the offline bundle ships (scripts/offline_bundle.py) and ``--snapshot``
@@ -48,7 +48,7 @@ def find_root(start: Path | None = None) -> Path:
     for folder in (here, *here.parents):
         if (folder / "notebooks").is_dir() and (folder / "labkit").is_dir():
             return folder
-    package_root = Path(__file__).resolve().parents[1]
+    package_root = Path(__file__).resolve().parents[2]
     if (package_root / "notebooks").is_dir():
         return package_root
     raise ResetError(f"no workbook found from {here} upwards (a folder with notebooks/ and labkit/); "
@@ -168,7 +168,7 @@ def status(root: Path) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit.reset", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m labkit.workbook.reset", description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", help="notebook numbers or names, e.g. 03 or 03_kv_cache")
     parser.add_argument("--all", action="store_true", help="reset every notebook that differs from the original")
     parser.add_argument("--list", action="store_true", help="show which notebooks differ from the original")
