@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from labkit import LLM, SamplingParams  # noqa: E402
-from labkit.cache.paged import PagedAttention  # noqa: E402
+from labkit.attention import TorchAttentionBackend  # noqa: E402
 from labkit.device import resolve_device, synchronize  # noqa: E402
 from labkit.analysis.hardware import device_name  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
@@ -288,7 +288,7 @@ def time_breakdown(workload: Workload, sizes: Sizes, slots: int) -> Breakdown:
     prompts, params = workload.prompts(), sampling_params_for(workload)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
     matmul, attention = [0.0], [0.0]
-    with timed(torch.nn.functional, "linear", matmul), timed(PagedAttention, "attend", attention):
+    with timed(torch.nn.functional, "linear", matmul), timed(TorchAttentionBackend, "attend", attention):
         run = run_workload(llm, prompts, params)
     return Breakdown(slots, workload.num_output_tokens, run.wall_time, matmul[0], attention[0],
                      run.wall_time - matmul[0] - attention[0])

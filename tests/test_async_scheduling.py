@@ -217,7 +217,7 @@ def test_aborting_a_request_whose_step_is_running(tiny: Path, engine: str) -> No
     for _ in range(3):
         llm.step()
     in_flight = llm.engine._in_flight  # type: ignore[attr-defined]
-    assert in_flight is not None and seqs[1] in in_flight.batch.seqs
+    assert in_flight is not None and seqs[1] in in_flight.out.seqs
     assert llm.engine.abort_request(seqs[1].seq_id) is seqs[1]
     assert not seqs[1].block_table
     while llm.engine.has_unfinished_requests():

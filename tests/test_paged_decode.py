@@ -1,6 +1,6 @@
 """``split_decode_attention``: block-by-block decode attention over the paged pool, combined with the
 log-sum-exp trick, equals plain softmax(q k^T / sqrt(d)) v over each sequence's own context; so does
-``uniform_decode_attention`` (equal lengths), and ``PagedAttention`` picks the right one."""
+``uniform_decode_attention`` (equal lengths), and ``TorchAttentionBackend`` picks the right one."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import random
 import pytest
 import torch
 
-from labkit.cache.paged import (
+from labkit.attention import PagedAttentionMetadata, TorchAttentionBackend
+from labkit.attention.decode import (
     DecodeSplit,
-    PagedAttention,
-    PagedAttentionMetadata,
-    PagedKVPool,
     UniformDecode,
     decode_attention,
     decode_mask,
@@ -22,6 +20,7 @@ from labkit.cache.paged import (
     split_decode_blocks,
     uniform_decode_attention,
 )
+from labkit.cache.paged import PagedKVPool
 
 CPU = torch.device("cpu")
 
@@ -177,7 +176,7 @@ def test_uniform_lengths_equal_per_sequence_softmax(n_heads: int, n_kv: int, bat
 @pytest.mark.parametrize("context_lens,kind", [([9], UniformDecode), ([9, 9, 9], UniformDecode),
                                                ([9, 10], DecodeSplit), ([3, 9, 9], DecodeSplit)])
 def test_paged_attention_picks_the_form_and_both_agree(context_lens: list[int], kind: type) -> None:
-    """A decode-only step through ``PagedAttention``: the new K/V land in their slots and each row attends to
+    """A decode-only step through ``TorchAttentionBackend``: the new K/V land in their slots and each row attends to
     its own context, whichever form the step's lengths pick."""
     from labkit.model.config import ModelConfig
 
@@ -191,7 +190,7 @@ def test_paged_attention_picks_the_form_and_both_agree(context_lens: list[int], 
     tables = random_batch(random.Random(len(context_lens)), 30, 4, context_lens)
     slots = [t[(c - 1) // 4] * 4 + (c - 1) % 4 for t, c in zip(tables, context_lens)]  # each new token's slot
     meta = PagedAttentionMetadata([1] * len(tables), list(context_lens), tables, torch.tensor(slots))
-    attention = PagedAttention(pool, meta)
+    attention = TorchAttentionBackend(pool, meta)
     assert isinstance(attention.decode, kind)
     b = len(tables)
     q = torch.randn(1, b, 4, 8, generator=gen, dtype=torch.float64)

@@ -240,7 +240,7 @@ def test_stage_ranges_cost_nothing_without_a_profiler() -> None:
 
     import torch
 
-    from labkit.engine.base import profiler_range
+    from labkit.engine.step import profiler_range
 
     assert isinstance(profiler_range("labkit::idle"), nullcontext)
     with torch.profiler.profile() as p:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.base import StepStats
+from labkit.engine.step import StepStats
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from labkit.sequence import Sequence
 
 
@@ -77,11 +79,16 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def slot(self, seq: Sequence, position: int) -> int:
-        """The pool slot holding token ``position`` of ``seq``."""
-        return self.block_table_slot(seq.block_table, position)
-
-    def block_table_slot(self, block_table: list[int], position: int) -> int:
+        """The pool slot holding token ``position`` of ``seq``: its block's id times block_size, plus the offset
+        inside the block. The model runner's per-token input preparation (``prepare_inputs="loop"``) calls it."""
+        block_table = seq.block_table
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def slot_mapping(self, block_tables: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """``slot`` for N tokens at once (the vectorized input preparation): block_tables (N, max_blocks), each
+        token's own sequence's table; positions (N,) -> slots (N,)."""
+        rows = np.arange(len(positions))  # (N,)
+        return block_tables[rows, positions // self.block_size] * self.block_size + positions % self.block_size
 
     # ---- taking and returning blocks ----
 
@@ -112,6 +119,17 @@ class BlockManager:
 
     # ---- prefix caching ----
 
+    def block_hashes(self, token_ids: list[int]) -> list[int]:
+        """The prefix-cache hash of every *full* block of ``token_ids``, chained: block i hashes
+        ``(hash of block i-1, its own block_size tokens)``, so equal hashes mean equal tokens *and* an equal
+        prefix before them. A partial last block gets no hash (its tokens are still arriving)."""
+        hashes: list[int] = []
+        parent: int | None = None
+        for i in range(len(token_ids) // self.block_size):
+            parent = hash_block(parent, tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            hashes.append(parent)
+        return hashes
+
     def lookup_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks matching the prompt's leading full blocks, in order (no side effects).
 
@@ -120,16 +138,14 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.block_table:
             return []
         tokens = seq.prompt_token_ids
+        num_full = (len(tokens) - 1) // self.block_size
         hits: list[int] = []
-        parent: int | None = None
-        for i in range((len(tokens) - 1) // self.block_size):
-            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
-            h = hash_block(parent, chunk)
+        for i, h in enumerate(self.block_hashes(tokens[: num_full * self.block_size])):
             block_id = self.hash_to_block_id.get(h)
+            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             if block_id is None or self.blocks[block_id].token_ids != chunk:
                 break
             hits.append(block_id)
-            parent = h
         return hits
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -137,15 +153,18 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         tokens = seq.token_ids
-        parent: int | None = None
         # Only blocks whose token ids are all known (async scheduling computes one before it is seen).
-        for i in range(min(seq.num_computed_tokens, len(tokens)) // self.block_size):
+        num_full = min(seq.num_computed_tokens, len(tokens)) // self.block_size
+        first = next((i for i in range(num_full) if self.blocks[seq.block_table[i]].block_hash is None), num_full)
+        if first == num_full:
+            return  # every full block is registered already (the common decode step)
+        hashes = self.block_hashes(tokens[: num_full * self.block_size])
+        for i in range(first, num_full):
             block = self.blocks[seq.block_table[i]]
-            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             if block.block_hash is None:
-                block.block_hash, block.token_ids = hash_block(parent, chunk), chunk
+                block.block_hash = hashes[i]
+                block.token_ids = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
                 self.hash_to_block_id.setdefault(block.block_hash, block.block_id)
-            parent = block.block_hash
 
     # ---- the scheduler's interface ----
 

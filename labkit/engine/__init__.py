@@ -1,21 +1,11 @@
-"""The engines, one per stage of the workbook, in teaching order.
+"""The engines, one per stage of the workbook, in teaching order, and what they share.
 
-``ENGINES`` maps each name accepted by ``LLM(engine=...)`` to its class.
+``ENGINES`` maps each name accepted by ``LLM(engine=...)`` to its class (``labkit.engine.registry``).
 """
 
-from labkit.engine.base import Engine, EngineConfig, StepStats
-from labkit.engine.continuous import ChunkedEngine, ContinuousConfig, ContinuousEngine
-from labkit.engine.kvcache import KVCacheConfig, KVCacheEngine
-from labkit.engine.naive import NaiveEngine
-from labkit.engine.paged import PagedConfig, PagedEngine
+from labkit.engine.base import Engine
+from labkit.engine.config import EngineConfig
+from labkit.engine.step import StepStats
+from labkit.engine.registry import ENGINES, create_engine, default_engine
 
-ENGINES: dict[str, type[Engine]] = {
-    "naive": NaiveEngine,
-    "kvcache": KVCacheEngine,
-    "paged": PagedEngine,
-    "continuous": ContinuousEngine,
-    "chunked": ChunkedEngine,
-}
-
-__all__ = ["ENGINES", "ChunkedEngine", "ContinuousConfig", "ContinuousEngine", "Engine", "EngineConfig", "KVCacheConfig", "KVCacheEngine", "NaiveEngine", "PagedConfig", "PagedEngine",
-           "StepStats"]
+__all__ = ["ENGINES", "Engine", "EngineConfig", "StepStats", "create_engine", "default_engine"]

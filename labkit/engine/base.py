@@ -1,4 +1,4 @@
-"""What every engine shares: its config, per-step statistics and the add/step/abort interface.
+"""What every engine shares: the add / step / abort interface and per-step fault containment.
 
 ``LLM`` drives any engine the same way (vLLM's shape): ``add_request`` queues a ``Sequence``,
 ``step`` runs one forward pass and returns the sequences that got a token. Introduced in
@@ -13,37 +13,19 @@ half-way through the block manager's books; pressing it a second time interrupts
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import ClassVar
 
-import torch
-
-from labkit.device import synchronize
+from labkit.cache.block_manager import BlockManager
+from labkit.engine.config import EngineConfig
+from labkit.engine.interrupts import deferred_interrupt
+from labkit.engine.step import StepStats, profiler_range
 from labkit.model import CausalLM
 from labkit.sequence import Sequence
 
 FaultHook = Callable[[list[Sequence]], None]
-
-
-_profiler_enabled = getattr(torch._C._autograd, "_profiler_enabled", lambda: True)
-
-
-def profiler_range(name: str) -> AbstractContextManager[object]:
-    """A named range in torch.profiler traces (notebook 10). With no profiler recording, nothing at all: an idle
-    ``record_function`` still costs ~15 µs, several times per step, which is host overhead on a small model."""
-    return torch.profiler.record_function(name) if _profiler_enabled() else nullcontext()
-
-
-def debug_checks_default() -> bool:
-    """``LABKIT_DEBUG_CHECKS=1`` turns the per-step invariant checks on by default (the test suite does)."""
-    return os.environ.get("LABKIT_DEBUG_CHECKS", "") not in ("", "0")
 
 
 class StepFailedError(RuntimeError):
@@ -57,93 +39,6 @@ class StepFailedError(RuntimeError):
         self.step = step
         self.failed = failed
         self.cause = cause
-
-
-@contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) until the block ends, then raise KeyboardInterrupt; a second Ctrl-C raises at once.
-
-    Only in the main thread, and only over Python's default handler (as in a notebook cell); two signal
-    calls per step, a few microseconds.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-
-    def hold(signum: int, frame: object) -> None:
-        if pending:  # pressed twice: the user wants out now (e.g. a step that never ends)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        pending.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    if previous is not signal.default_int_handler:  # Ctrl-C is handled (or ignored) by someone else: leave it so
-        signal.signal(signal.SIGINT, previous)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if pending:
-            raise KeyboardInterrupt  # now that the step is over (this also wins over a StepFailedError)
-
-
-@dataclass
-class EngineConfig:
-    """Options every engine accepts (vLLM's names). Engines subclass it to add their own."""
-
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-
-
-@dataclass
-class StepStats:
-    """What one engine step did and where its time went. Notebook 01; plotted again in 05, 07 and 10."""
-
-    step: int
-    start: float
-    end: float
-    num_seqs: int
-    num_computed_tokens: int  # token positions run through the model (including recomputed ones)
-    num_new_tokens: int  # tokens sampled: the useful output of the step
-    stage_times: dict[str, float] = field(default_factory=dict)
-    num_padding_tokens: int = 0  # positions computed only to square up a padded batch
-    num_idle_slots: int = 0  # batch rows already finished but still computed
-    is_prefill: bool = True  # whether any prompt tokens were processed this step
-    num_prefill_tokens: int = 0  # prompt (or recomputed) tokens among num_computed_tokens
-    kv_blocks_used: int | None = None  # paged engines: blocks held during the step (before finished ones free)
-    num_preemptions: int = 0  # paged engines: preemptions so far
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-
-class StageClock:
-    """Times the stages of one step; each stage is also a named profiler range (``labkit::<stage>``).
-
-    ``with clock.stage("forward"): ...`` times the block, synchronising the device at its end so that
-    queued kernels count in the stage that launched them. The ranges let ``torch.profiler`` traces show
-    schedule / prepare / forward / sample / detokenize for every step (notebook 10).
-    """
-
-    def __init__(self, device: torch.device, sync: bool = True) -> None:
-        self.device = device
-        self.sync = sync
-        self.times: dict[str, float] = {}
-        self.start = self.last = time.perf_counter()
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        with profiler_range(f"labkit::{name}"):
-            yield
-            if self.sync:
-                synchronize(self.device)
-        # Counted from the previous stage's end, so the stages of a step add up to the whole step.
-        now = time.perf_counter()
-        self.times[name] = self.times.get(name, 0.0) + now - self.last
-        self.last = now
 
 
 class Engine(ABC):
@@ -163,7 +58,39 @@ class Engine(ABC):
         self.step_stats: list[StepStats] = []
         self.fault_hook: FaultHook | None = None
         self.num_steps = 0  # steps started, failed ones included
+        self.num_preemptions = 0  # requests preempted so far (only engines with a paged pool preempt)
+        self.block_manager: BlockManager | None = None  # the paged engines' KV block manager
         self._scheduled: list[Sequence] | None = None  # the running step's sequences, once scheduled
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Requests that can run at once (batch slots)."""
+        return 1
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether the next step is planned while the device runs this one (notebook 10)."""
+        return False
+
+    def record_step(self, start: float, end: float, stage_times: dict[str, float], num_seqs: int,
+                    num_computed_tokens: int, num_new_tokens: int, num_prefill_tokens: int,
+                    num_padding_tokens: int = 0, num_idle_slots: int = 0, is_prefill: bool | None = None,
+                    kv_blocks_used: int | None = None) -> StepStats:
+        """Append this step's ``StepStats`` (every engine records its steps here, and only here).
+        ``kv_blocks_used``: blocks held at the step's peak (default: now)."""
+        bm = self.block_manager
+        if kv_blocks_used is None and bm is not None:
+            kv_blocks_used = bm.num_used_blocks
+        stats = StepStats(
+            step=len(self.step_stats), start=start, end=end, num_seqs=num_seqs,
+            num_computed_tokens=num_computed_tokens, num_new_tokens=num_new_tokens, stage_times=stage_times,
+            num_padding_tokens=num_padding_tokens, num_idle_slots=num_idle_slots,
+            is_prefill=num_prefill_tokens > 0 if is_prefill is None else is_prefill,
+            num_prefill_tokens=num_prefill_tokens, kv_blocks_used=kv_blocks_used,
+            num_preemptions=self.num_preemptions,
+        )
+        self.step_stats.append(stats)
+        return stats
 
     def validate(self, seq: Sequence) -> None:
         """Raise if this engine could never serve ``seq`` (called for every request before any is added)."""

@@ -16,7 +16,9 @@ import bisect
 
 import torch
 
-from labkit.cache.paged import DecodeOnlyAttention, PagedAttentionMetadata, PagedKVPool
+from labkit.attention.decode import DecodeOnlyAttention
+from labkit.attention.metadata import PagedAttentionMetadata
+from labkit.cache.paged import PagedKVPool
 from labkit.model import CausalLM
 
 

@@ -15,20 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from labkit.cache.contiguous import ContiguousKVCache
-from labkit.engine.base import Engine, EngineConfig, StageClock, StepStats
+from labkit.engine.base import Engine
+from labkit.engine.config import EngineConfig
+from labkit.engine.config import KVCacheConfig
+from labkit.engine.step import StageClock
+from labkit.model import CausalLM
 from labkit.engine.sampler import sample
 from labkit.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class KVCacheConfig(EngineConfig):
-    """Options of the ``kvcache`` engine (vLLM's names)."""
-
-    max_num_seqs: int = 16  # rows in a static batch
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_num_seqs, bool) or not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
 
 
 @dataclass
@@ -46,12 +39,15 @@ class KVCacheEngine(Engine):
     name = "kvcache"
     config_class = KVCacheConfig
     config: KVCacheConfig
-    cache_class: type[ContiguousKVCache] = ContiguousKVCache  # swap in a learner's cache (notebook 03)
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
+        super().__init__(model, config)
         self.waiting: deque[Sequence] = deque()
         self.batch: StaticBatch | None = None
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.config.max_num_seqs
 
     def add_request(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -83,7 +79,7 @@ class KVCacheEngine(Engine):
         self._scheduled = seqs  # if reserving their cache fails, they fail (rather than vanish)
         prompt_cols = max(s.num_prompt_tokens for s in seqs)
         max_len = max(self._reserved_len(s, prompt_cols) for s in seqs)
-        cache = self.cache_class(self.model.config, len(seqs), max_len, self.device, self.model.dtype)
+        cache = self.config.kv_cache_cls(self.model.config, len(seqs), max_len, self.device, self.model.dtype)
         for s in seqs:
             s.status = SequenceStatus.RUNNING
             s.metrics.first_scheduled_time = now
@@ -137,9 +133,7 @@ class KVCacheEngine(Engine):
             idle = len(batch.seqs) - len(active)
             if all(s.is_finished for s in batch.seqs):
                 self.batch = None
-        self.step_stats.append(StepStats(
-            step=len(self.step_stats), start=clock.start, end=clock.last, num_seqs=len(batch.seqs),
-            num_computed_tokens=ids.numel(), num_new_tokens=len(active), stage_times=clock.times,
-            num_padding_tokens=num_pad, num_idle_slots=idle, is_prefill=is_prefill,
-        ))
+        self.record_step(clock.start, clock.last, clock.times, num_seqs=len(batch.seqs),
+                         num_computed_tokens=ids.numel(), num_new_tokens=len(active), num_prefill_tokens=0,
+                         num_padding_tokens=num_pad, num_idle_slots=idle, is_prefill=is_prefill)
         return active

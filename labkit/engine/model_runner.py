@@ -14,33 +14,15 @@ from itertools import chain
 import numpy as np
 import torch
 
+from labkit.attention import PagedAttentionBackend, PagedAttentionMetadata, TorchAttentionBackend
 from labkit.cache.block_manager import BlockManager
-from labkit.cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVPool
-from labkit.engine.base import StageClock
+from labkit.cache.paged import PagedKVPool
 from labkit.engine.cuda_graphs import DecodeGraphs
-from labkit.model import CausalLM
 from labkit.engine.sampler import sample
+from labkit.engine.sched.output import SchedulerOutput
+from labkit.engine.step import StageClock
+from labkit.model import CausalLM
 from labkit.sequence import Sequence
-
-
-@dataclass
-class ScheduledBatch:
-    """What the scheduler hands the runner for one step. Notebook 06; built by schedulers in 07-08."""
-
-    seqs: list[Sequence]
-    num_new_tokens: list[int]  # per sequence, tokens to compute this step
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write block copies
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(n for s, n in zip(self.seqs, self.num_new_tokens) if s.num_computed_tokens < s.num_prompt_tokens)
-
-    def __len__(self) -> int:
-        return len(self.seqs)
 
 
 @dataclass
@@ -77,8 +59,10 @@ class ModelRunner:
     """
 
     def __init__(self, model: CausalLM, pool: PagedKVPool, block_manager: BlockManager,
-                 prepare_inputs: str = "vectorized") -> None:
+                 prepare_inputs: str = "vectorized",
+                 attention_backend: type[PagedAttentionBackend] = TorchAttentionBackend) -> None:
         self.model = model
+        self.attention_backend = attention_backend
         self.pool = pool
         self.block_manager = block_manager
         self.device = model.device
@@ -100,7 +84,7 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
-    def prepare_loop(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, list[int]]:
+    def prepare_loop(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, list[int]]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -122,7 +106,7 @@ class ModelRunner:
         pos = self.to_device(torch.tensor([positions], dtype=torch.long))  # (1, N)
         return input_ids, pos, meta, logits_rows
 
-    def prepare_vectorized(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata,
+    def prepare_vectorized(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata,
                                                                   list[int]]:
         if batch.num_batched_tokens <= SMALL_BATCH_TOKENS:
             return self.prepare_loop(batch)
@@ -137,8 +121,7 @@ class ModelRunner:
         ends = np.cumsum(q_len)  # (B,) one past each sequence's last new token
         row = np.repeat(np.arange(len(seqs)), q_len)  # (N,) which sequence each token belongs to
         pos = np.array(starts, dtype=np.int64)[row] + np.arange(len(ids)) - (ends - q_len)[row]  # (N,)
-        bs = self.pool.block_size
-        slots = table[row, pos // bs] * bs + pos % bs  # (N,)
+        slots = self.block_manager.slot_mapping(table[row], pos)  # (N,)
         sampled = np.array([a + n == s.num_tokens + s.num_pending_tokens for s, a, n in zip(seqs, starts, q_lens)])
         # One host -> device copy for ids, positions and slots together.
         packed = torch.from_numpy(np.stack([np.array(ids, dtype=np.int64), pos, slots]))  # (3, N)
@@ -153,7 +136,7 @@ class ModelRunner:
         )
         return packed[0][None], packed[1][None], meta, (ends[sampled] - 1).tolist()
 
-    def prepare_step(self, batch: ScheduledBatch) -> StepInputs:
+    def prepare_step(self, batch: SchedulerOutput) -> StepInputs:
         """Everything the device needs for one step, built on the host."""
         input_ids, positions, meta, logits_rows = self.prepare(batch)
         samplers, pending_rows, ends = [], [], 0
@@ -187,20 +170,20 @@ class ModelRunner:
             if self.graphs is not None and self.graphs.can_run(meta):
                 hidden = self.graphs.run(inputs.input_ids, inputs.positions, meta)  # (1, B, hidden): replayed
             else:
-                hidden = self.model(inputs.input_ids, inputs.positions, PagedAttention(self.pool, meta))  # (1, N, hidden)
+                hidden = self.model(inputs.input_ids, inputs.positions, self.attention_backend(self.pool, meta))  # (1, N, hidden)
             logits = self.model.compute_logits(hidden[0, rows]) if rows else None  # (n_sampled, vocab)
         with clock.stage("sample"):
             samplers = inputs.samplers
             return sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if samplers else []
 
-    def advance(self, batch: ScheduledBatch) -> None:
+    def advance(self, batch: SchedulerOutput) -> None:
         """The step's tokens are computed: move each sequence on and offer its full blocks to the prefix cache."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.block_manager.cache_full_blocks(seq)
 
     @staticmethod
-    def advance_launched(batch: ScheduledBatch, inputs: StepInputs) -> None:
+    def advance_launched(batch: SchedulerOutput, inputs: StepInputs) -> None:
         """Async scheduling: count a launched step's tokens as computed and its samples as pending, so the
         next step can be planned before the device finishes (blocks are offered to the prefix cache later)."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -208,7 +191,7 @@ class ModelRunner:
         for seq in inputs.samplers:
             seq.num_pending_tokens = 1
 
-    def run(self, batch: ScheduledBatch, clock: StageClock) -> list[tuple[Sequence, int]]:
+    def run(self, batch: SchedulerOutput, clock: StageClock) -> list[tuple[Sequence, int]]:
         """One synchronous step; returns (sequence, sampled token) for sequences that sample this step."""
         with clock.stage("prepare"):
             inputs = self.prepare_step(batch)

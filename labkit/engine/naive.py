@@ -11,7 +11,10 @@ from collections import deque
 
 import torch
 
-from labkit.engine.base import Engine, StageClock, StepStats
+from labkit.engine.base import Engine
+from labkit.engine.config import EngineConfig
+from labkit.engine.step import StageClock
+from labkit.model import CausalLM
 from labkit.engine.sampler import sample
 from labkit.sequence import Sequence, SequenceStatus
 
@@ -21,8 +24,8 @@ class NaiveEngine(Engine):
 
     name = "naive"
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
+        super().__init__(model, config)
         self.waiting: deque[Sequence] = deque()
         self.running: Sequence | None = None
 
@@ -71,11 +74,6 @@ class NaiveEngine(Engine):
             seq.append_token(token, clock.last)
             if seq.is_finished:
                 self.running = None
-        self.step_stats.append(
-            StepStats(
-                step=len(self.step_stats), start=clock.start, end=clock.last, num_seqs=1,
-                num_computed_tokens=ids.shape[1], num_new_tokens=1, stage_times=clock.times,
-                is_prefill=is_prefill,
-            )
-        )
+        self.record_step(clock.start, clock.last, clock.times, num_seqs=1, num_computed_tokens=ids.shape[1],
+                         num_new_tokens=1, num_prefill_tokens=0, is_prefill=is_prefill)
         return [seq]

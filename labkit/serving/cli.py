@@ -108,12 +108,18 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--async-scheduling", action="store_true",
                    help="plan the next step while the current one runs (engines continuous and chunked)")
+    # Pluggable parts (vLLM's names): import paths of your classes, e.g. --scheduler-cls mymodule.MyScheduler
+    p.add_argument("--scheduler-cls", default=None, help="a labkit Scheduler subclass, as module.Class")
+    p.add_argument("--block-manager-cls", default=None, help="a labkit BlockManager subclass, as module.Class")
+    p.add_argument("--attention-backend", default=None,
+                   help="a name in labkit.ATTENTION_BACKENDS, or a PagedAttentionBackend subclass as module.Class")
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads for the engine")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     a = p.parse_args(argv)
     options = {k: getattr(a, k) for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                                          "num_gpu_blocks") if getattr(a, k) is not None}
+                                          "num_gpu_blocks", "scheduler_cls", "block_manager_cls", "attention_backend")
+               if getattr(a, k) is not None}
     if a.enable_prefix_caching:
         options["enable_prefix_caching"] = True
     if a.async_scheduling:

@@ -12,12 +12,14 @@ Rules that keep outputs identical to the synchronous engine:
 - a sequence whose pending token is its last (max_tokens, context full) is not scheduled again;
 - one that stops on the pending token (EOS, stop string) or is aborted is taken out of step N+1
   before it launches, and the step is prepared again without it;
-- a sequence in the launched step is never preempted (its blocks are being written);
+- a sequence in the launched step is never preempted (its blocks are being written): the scheduler's
+  ``in_flight`` names them;
 - blocks enter the prefix cache only once their token ids are known.
 
 Here the device's part of a step (``ModelRunner.execute``) runs on one worker thread: on a GPU that
-thread launches kernels while the host's Python goes on; on a CPU the overlap is real too, but both
-threads share two cores and Python's GIL, so the gain is small (notebook 10 measures it).
+thread launches kernels while the host's Python goes on. On a CPU both threads share the cores and
+Python's GIL: ``docs/benchmarks/host_overhead.md`` measured async scheduling taking 1.19x (batch 1) and 1.06x
+(batch 32) the synchronous wall time per decode step there. Its payoff needs a device that runs on its own.
 Introduced in notebook 10 (``10_profiling_host_overhead``).
 """
 
@@ -27,8 +29,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from labkit.engine.base import StageClock, StepStats
-from labkit.engine.model_runner import ScheduledBatch, StepInputs
+from labkit.engine.core import EngineCore
+from labkit.engine.model_runner import StepInputs
+from labkit.engine.sched.output import SchedulerOutput
+from labkit.engine.step import StageClock
+from labkit.engine.config import EngineConfig
+from labkit.model import CausalLM
 from labkit.sequence import Sequence
 
 
@@ -36,7 +42,7 @@ from labkit.sequence import Sequence
 class InFlightStep:
     """A launched step whose tokens the host has not seen yet."""
 
-    batch: ScheduledBatch
+    out: SchedulerOutput
     inputs: StepInputs
     future: Future[list[int]]
     worker_clock: StageClock  # forward and sample, timed on the worker thread
@@ -46,51 +52,62 @@ class InFlightStep:
     kv_blocks_used: int
 
 
-class AsyncSchedulingMixin:
-    """The async step loop of ``continuous`` and ``chunked`` (``async_scheduling=True``). Notebook 10."""
+class AsyncEngineCore(EngineCore):
+    """An engine core that, with ``async_scheduling=True``, overlaps planning with the device's work. Notebook 10."""
 
-    _in_flight: InFlightStep | None = None
-    _executor: ThreadPoolExecutor | None = None
+    supports_async_scheduling = True
 
-    def _step_async(self) -> list[Sequence]:
-        clock = StageClock(self.device, sync=False)  # type: ignore[attr-defined]  # never wait for the device here
+    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
+        super().__init__(model, config)
+        self._in_flight: InFlightStep | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.config.async_scheduling
+
+    def has_unfinished_requests(self) -> bool:
+        return super().has_unfinished_requests() or self._in_flight is not None
+
+    def _step(self) -> list[Sequence]:
+        if not self.config.async_scheduling:
+            return super()._step()
+        clock = StageClock(self.device, sync=False)  # never wait for the device here
         prev = self._in_flight
         with clock.stage("schedule"):
-            in_flight = {id(s) for s in prev.batch.seqs} if prev is not None else set()
-            batch = self.scheduler.schedule(clock.start, in_flight)  # type: ignore[attr-defined]
+            self.scheduler.in_flight = {id(s) for s in prev.out.seqs} if prev is not None else set()
+            out = self.scheduler.schedule(clock.start)
         inputs = None
-        if batch.seqs:
+        if out.seqs:
             with clock.stage("prepare"):
-                inputs = self.runner.prepare_step(batch)  # type: ignore[attr-defined]
+                inputs = self.runner.prepare_step(out)
         host_times = dict(clock.times)
         done = self._resolve(prev, clock) if prev is not None else []
-        if batch.seqs:
-            if any(s.is_finished for s in batch.seqs):  # stopped on its pending token, or aborted meanwhile
-                keep = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
-                batch = ScheduledBatch([batch.seqs[i] for i in keep], [batch.num_new_tokens[i] for i in keep],
-                                       batch.copies)
-                inputs = self.runner.prepare_step(batch) if batch.seqs else None  # type: ignore[attr-defined]
+        if out.seqs:
+            if any(s.is_finished for s in out.seqs):  # stopped on its pending token, or aborted meanwhile
+                out = out.without_finished()
+                inputs = self.runner.prepare_step(out) if out.seqs else None
             if inputs is not None:
-                self._launch(batch, inputs, clock.start, host_times)
-        self.num_preemptions = self.scheduler.num_preemptions  # type: ignore[attr-defined]
+                self._launch(out, inputs, clock.start, host_times)
+        self.num_preemptions = self.scheduler.num_preemptions
         return done
 
-    def _launch(self, batch: ScheduledBatch, inputs: StepInputs, start: float, host_times: dict[str, float]) -> None:
-        self._before_forward(batch.seqs)  # type: ignore[attr-defined]  # the sequences a fault now fails
-        self.runner.fill_pending(inputs)  # type: ignore[attr-defined]
-        num_prefill = batch.num_prefill_tokens
-        self.runner.advance_launched(batch, inputs)  # type: ignore[attr-defined]
+    def _launch(self, out: SchedulerOutput, inputs: StepInputs, start: float, host_times: dict[str, float]) -> None:
+        self._before_forward(out.seqs)  # the sequences a fault now fails
+        self.runner.fill_pending(inputs)
+        num_prefill = out.num_prefill_tokens
+        self.runner.advance_launched(out, inputs)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labkit-device")
-        worker_clock = StageClock(self.device)  # type: ignore[attr-defined]
-        future = self._executor.submit(self.runner.execute, inputs, worker_clock)  # type: ignore[attr-defined]
-        self._in_flight = InFlightStep(batch, inputs, future, worker_clock, start, host_times, num_prefill,
-                                       self.block_manager.num_used_blocks)  # type: ignore[attr-defined]
+        worker_clock = StageClock(self.device)
+        future = self._executor.submit(self.runner.execute, inputs, worker_clock)
+        self._in_flight = InFlightStep(out, inputs, future, worker_clock, start, host_times, num_prefill,
+                                       self.block_manager.num_used_blocks)
 
     def _resolve(self, step: InFlightStep, clock: StageClock) -> list[Sequence]:
         """Wait for a launched step's tokens and hand them to their sequences."""
         self._in_flight = None
-        self._scheduled = list(step.batch.seqs)  # type: ignore[attr-defined]  # a fault now fails these
+        self._scheduled = list(step.out.seqs)  # a fault now fails these
         with clock.stage("wait"):
             tokens = step.future.result()  # re-raises what the worker raised
         with clock.stage("detokenize"):
@@ -102,22 +119,26 @@ class AsyncSchedulingMixin:
                     continue
                 seq.append_token(token, clock.last)
                 done.append(seq)
-            for seq in step.batch.seqs:
+            for seq in step.out.seqs:
                 if not seq.is_finished:
-                    self.block_manager.cache_full_blocks(seq)  # type: ignore[attr-defined]
+                    self.block_manager.cache_full_blocks(seq)
             for seq in done:
                 if seq.is_finished:
-                    self._finish(seq)  # type: ignore[attr-defined]
+                    self.scheduler.finish_request(seq)
         times = {**step.host_times, **step.worker_clock.times, "wait": clock.times.get("wait", 0.0),
                  "detokenize": clock.times.get("detokenize", 0.0)}
-        self.step_stats.append(StepStats(  # type: ignore[attr-defined]
-            step=len(self.step_stats), start=step.start, end=time.perf_counter(),  # type: ignore[attr-defined]
-            num_seqs=len(step.batch.seqs), num_computed_tokens=step.batch.num_batched_tokens,
-            num_new_tokens=len(done), stage_times=times, is_prefill=step.num_prefill_tokens > 0,
-            num_prefill_tokens=step.num_prefill_tokens, kv_blocks_used=step.kv_blocks_used,
-            num_preemptions=self.scheduler.num_preemptions,  # type: ignore[attr-defined]
-        ))
+        self.num_preemptions = self.scheduler.num_preemptions
+        self.record_step(step.start, time.perf_counter(), times, num_seqs=len(step.out),
+                         num_computed_tokens=step.out.num_batched_tokens, num_new_tokens=len(done),
+                         num_prefill_tokens=step.num_prefill_tokens, kv_blocks_used=step.kv_blocks_used)
         return done
+
+    def _fail_step(self, exc: BaseException) -> list[Sequence]:
+        self._drain_in_flight()  # its blocks may be about to be freed: let the device finish with them first
+        failed = super()._fail_step(exc)
+        for seq in failed:
+            seq.num_pending_tokens = 0
+        return failed
 
     def _drain_in_flight(self) -> None:
         """Wait for a launched step and drop its tokens (its sequences are failing or aborted)."""

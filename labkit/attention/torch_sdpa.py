@@ -1,0 +1,108 @@
+"""The PyTorch attention backend (``"torch"``): gathers blocks and calls PyTorch's scaled-dot-product attention.
+
+The readable reference: decodes attend together through ``labkit.attention.decode``; each prefill (chunk)
+gathers its cached prefix and attends causally over cache + new tokens. vLLM's kernels read blocks in
+place instead (notebook 11 writes one). Introduced in notebook 06 (``06_paged_attention``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from labkit.attention.decode import (
+    DecodeSplit,
+    UniformDecode,
+    split_decode_attention,
+    split_decode_blocks,
+    uniform_decode_attention,
+)
+from labkit.attention.metadata import PagedAttentionBackend, PagedAttentionMetadata
+from labkit.cache.paged import PagedKVPool
+from labkit.model.attention import sdpa
+
+
+@dataclass
+class PrefillSlice:
+    """One prefill (chunk) of a ragged step: where its new tokens sit and what it attends to."""
+
+    start: int  # index of its first new token in the step's N tokens
+    num_new: int
+    context_len: int  # cached + new tokens
+    table: torch.Tensor | None = None  # block ids holding the context; None when nothing was cached before
+    mask: torch.Tensor | None = None  # (num_new, context_len) causal over cache + new
+
+
+class TorchAttentionBackend(PagedAttentionBackend):
+    """Attention backend ``"torch"``: paged attention in PyTorch for one step's ragged batch. Notebook 06.
+
+    Sequences with one new token (decodes) attend together, block by block (``split_decode_attention``), or
+    with one gather when their lengths are equal (``uniform_decode_attention``: one sequence, for instance);
+    each prefill (chunk) attends on its own to its cached prefix plus its new tokens, causally. Everything
+    that only depends on the step (block indices, masks) is built once here and reused by every layer.
+    """
+
+    name = "torch"
+
+    def __init__(self, pool: PagedKVPool, meta: PagedAttentionMetadata) -> None:
+        super().__init__(pool, meta)
+        self.block_size = pool.block_size
+        device = pool.device
+        starts = [0]
+        for n in meta.query_lens:
+            starts.append(starts[-1] + n)
+        self.num_tokens = starts[-1]
+        decode_rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
+        self.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)
+        self.decode: DecodeSplit | UniformDecode | None = None
+        if decode_rows:  # once per step, for every layer
+            lens = [meta.context_lens[i] for i in decode_rows]
+            if len(set(lens)) == 1:  # nothing would be padded: one gather and plain attention
+                n = -(-lens[0] // self.block_size)
+                table = [b for i in decode_rows for b in meta.block_tables[i][:n]]
+                self.decode = UniformDecode(torch.tensor(table, dtype=torch.long, device=device), lens[0])
+            else:
+                k_pool = pool.k[0]  # (num_blocks, block_size, n_kv, d)
+                self.decode = split_decode_blocks([meta.block_tables[i] for i in decode_rows], lens,
+                                                  self.block_size, k_pool.shape[2], k_pool.dtype, device)
+        self.prefills: list[PrefillSlice] = []
+        for i, n in enumerate(meta.query_lens):
+            if n == 1:
+                continue
+            ctx = meta.context_lens[i]
+            if ctx == n:  # nothing cached before this chunk
+                self.prefills.append(PrefillSlice(starts[i], n, ctx))
+                continue
+            table = torch.tensor(meta.block_tables[i][: -(-ctx // self.block_size)], dtype=torch.long, device=device)
+            q_pos = torch.arange(ctx - n, ctx, device=device)[:, None]  # new tokens sit at the end
+            mask = torch.arange(ctx, device=device)[None, :] <= q_pos  # (n, ctx): causal over cache + new
+            self.prefills.append(PrefillSlice(starts[i], n, ctx, table, mask))
+        self.only_decodes = not self.prefills
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (1, N, n_heads, d); k, v: (1, N, n_kv_heads, d) -- every sequence's new tokens, concatenated
+        k_pool, v_pool = self.pool.k[layer_idx], self.pool.v[layer_idx]
+        k_pool.flatten(0, 1)[self.meta.slot_mapping] = k[0]  # write new K/V into their slots
+        v_pool.flatten(0, 1)[self.meta.slot_mapping] = v[0]
+        if self.only_decodes:
+            return self._attend_decodes(q[0], k_pool, v_pool)[None]
+        out = torch.empty_like(q)  # (1, N, n_heads, d)
+        if self.decode is not None:
+            out[0, self.decode_token_idx] = self._attend_decodes(q[0, self.decode_token_idx], k_pool, v_pool)
+        for p in self.prefills:
+            new = slice(p.start, p.start + p.num_new)
+            if p.table is None:  # its own K/V are all it attends to: plain causal attention, no gather
+                out[:, new] = sdpa(q[:, new], k[:, new], v[:, new], mask=None, is_causal=True)
+                continue
+            keys = k_pool.index_select(0, p.table).flatten(0, 1)[None, : p.context_len]  # (1, ctx, n_kv, d)
+            values = v_pool.index_select(0, p.table).flatten(0, 1)[None, : p.context_len]
+            out[:, new] = sdpa(q[:, new], keys, values, mask=p.mask, is_causal=False)
+        return out
+
+    def _attend_decodes(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        # q: (B_decode, n_heads, d)
+        if isinstance(self.decode, UniformDecode):
+            return uniform_decode_attention(q, k_pool, v_pool, self.decode)
+        assert self.decode is not None
+        return split_decode_attention(q, k_pool, v_pool, self.decode)

@@ -1,0 +1,125 @@
+"""Engine options, with vLLM's names, and the pluggable parts they name.
+
+Every engine has a config dataclass; ``LLM(..., **options)`` fills it and rejects unknown names. The
+pluggable parts are classes (or, from the command line, their import paths such as
+``"mymodule.MyScheduler"``): ``scheduler_cls`` and ``block_manager_cls`` for the paged engines,
+``attention_backend`` (a name in ``labkit.attention.ATTENTION_BACKENDS`` or a class), and ``kv_cache_cls``
+for engine ``kvcache``. This is how a learner's code runs inside the real engine. Introduced in notebook 01.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from labkit.attention import PagedAttentionBackend, resolve_attention_backend
+from labkit.cache.block_manager import BlockManager
+from labkit.cache.contiguous import ContiguousKVCache
+from labkit.engine.sched.scheduler import Scheduler
+
+T = TypeVar("T")
+
+
+def debug_checks_default() -> bool:
+    """``LABKIT_DEBUG_CHECKS=1`` turns the per-step invariant checks on by default (the test suite does)."""
+    return os.environ.get("LABKIT_DEBUG_CHECKS", "") not in ("", "0")
+
+
+def check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def resolve_class(option: str, value: object, base: type[T]) -> type[T]:
+    """``value`` as a subclass of ``base``: a class, or an import path "package.module.Class"."""
+    if isinstance(value, str):
+        module_name, _, attr = value.rpartition(".")
+        if not module_name:
+            raise ValueError(f"{option} must be a class or an import path like 'mymodule.{base.__name__}', got {value!r}")
+        try:
+            value = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"{option}={value!r} cannot be imported: {exc}") from exc
+    if not (isinstance(value, type) and issubclass(value, base)):
+        raise TypeError(f"{option} must be a subclass of labkit.{base.__name__} (or its import path), got {value!r}")
+    return value
+
+
+@dataclass
+class EngineConfig:
+    """Options every engine accepts (vLLM's names). Engines subclass it to add their own. Notebook 01."""
+
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+
+@dataclass
+class KVCacheConfig(EngineConfig):
+    """Options of the ``kvcache`` engine. Notebook 03."""
+
+    max_num_seqs: int = 16  # rows in a static batch
+    kv_cache_cls: type[ContiguousKVCache] = ContiguousKVCache  # a learner's cache, or its import path (notebook 03)
+
+    def __post_init__(self) -> None:
+        check_positive_int("max_num_seqs", self.max_num_seqs)
+        self.kv_cache_cls = resolve_class("kv_cache_cls", self.kv_cache_cls, ContiguousKVCache)
+
+
+@dataclass
+class PagedConfig(EngineConfig):
+    """Options of the paged engines (vLLM's names; ``kv_cache_memory`` is a byte budget). Notebook 06."""
+
+    max_num_seqs: int = 16
+    block_size: int = 16
+    num_gpu_blocks: int | None = None  # pool size in blocks; overrides the memory budget
+    kv_cache_memory: int | None = None  # pool size in bytes (all layers, K and V)
+    gpu_memory_utilization: float = 0.9  # on CUDA: share of free memory the pool may take
+    enable_prefix_caching: bool = False
+    # Pluggable parts (vLLM's names): classes, or their import paths "module.Class" (made classes on creation).
+    scheduler_cls: type[Scheduler] | None = None  # None: the engine's own (static for "paged")
+    block_manager_cls: type[BlockManager] = BlockManager
+    attention_backend: type[PagedAttentionBackend] | str = "torch"  # or a name in ATTENTION_BACKENDS
+    # Check the block manager's books after every step (default: on when LABKIT_DEBUG_CHECKS=1, as in the tests).
+    debug_checks: bool = field(default_factory=debug_checks_default)
+    # Host-side options (notebook 10). "loop" is the per-token Python input preparation it starts from.
+    prepare_inputs: str = "vectorized"
+    enforce_eager: bool = True  # False: capture decode steps as CUDA graphs and replay them (CUDA only)
+    cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch-size buckets
+    async_scheduling: bool = False  # plan step N+1 while the device runs step N (continuous, chunked; notebook 10)
+
+    def __post_init__(self) -> None:
+        check_positive_int("max_num_seqs", self.max_num_seqs)
+        check_positive_int("block_size", self.block_size)
+        if self.num_gpu_blocks is not None:
+            check_positive_int("num_gpu_blocks", self.num_gpu_blocks)
+        if self.kv_cache_memory is not None and (not isinstance(self.kv_cache_memory, int) or self.kv_cache_memory < 1):
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.prepare_inputs not in ("loop", "vectorized"):
+            raise ValueError(f"prepare_inputs must be 'loop' or 'vectorized', got {self.prepare_inputs!r}")
+        sizes = tuple(self.cuda_graph_sizes)
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+            raise ValueError(f"cuda_graph_sizes must be positive ints, got {self.cuda_graph_sizes!r}")
+        self.cuda_graph_sizes = tuple(sorted(set(sizes)))
+        if self.scheduler_cls is not None:
+            self.scheduler_cls = resolve_class("scheduler_cls", self.scheduler_cls, Scheduler)
+        self.block_manager_cls = resolve_class("block_manager_cls", self.block_manager_cls, BlockManager)
+        backend = self.attention_backend
+        if isinstance(backend, str) and "." in backend:  # an import path, e.g. from the server's command line
+            backend = resolve_class("attention_backend", backend, PagedAttentionBackend)
+        self.attention_backend = resolve_attention_backend(backend)
+
+
+@dataclass
+class ContinuousConfig(PagedConfig):
+    """Options of ``continuous``/``chunked``. ``max_num_batched_tokens=None``: max_model_len when
+    prompts are prefilled whole, 512 when chunked. Notebooks 07-08."""
+
+    max_num_batched_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_num_batched_tokens is not None:
+            check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)

@@ -1,0 +1,60 @@
+"""The engines by name, in teaching order, and how an engine is built from ``LLM``'s options.
+
+``ENGINES`` maps each name accepted by ``LLM(engine=...)`` to its class; ``create_engine`` checks the
+options against the engine's config (vLLM's names) and builds it. Introduced in notebook 01.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+from labkit.engine.base import Engine
+from labkit.engine.continuous import ChunkedEngine, ContinuousEngine
+from labkit.engine.kvcache import KVCacheEngine
+from labkit.engine.naive import NaiveEngine
+from labkit.engine.paged import PagedEngine
+from labkit.model import CausalLM
+
+ENGINES: dict[str, type[Engine]] = {
+    "naive": NaiveEngine,
+    "kvcache": KVCacheEngine,
+    "paged": PagedEngine,
+    "continuous": ContinuousEngine,
+    "chunked": ChunkedEngine,
+}
+
+
+def default_engine() -> str:
+    """The most advanced engine built so far (the last in teaching order)."""
+    return list(ENGINES)[-1]
+
+
+def engine_class(name: str, options: dict[str, object]) -> type[Engine]:
+    """The engine class for ``name``; raise a clear error for an unknown engine or option (before any loading)."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; engines are (in teaching order): {', '.join(ENGINES)}")
+    cls = ENGINES[name]
+    accepted = [f.name for f in dataclasses.fields(cls.config_class)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"engine {name!r} does not take option(s) {', '.join(unknown)}; it accepts: {', '.join(accepted)}")
+    return cls
+
+
+def create_engine(name: str, model: CausalLM, **options: object) -> Engine:
+    """Build engine ``name`` over ``model``; ``max_model_len`` defaults to the model's limit."""
+    cls = engine_class(name, options)
+    config = cls.config_class(**options)  # type: ignore[arg-type]  # checked by the config's __post_init__
+    limit = model.config.max_position_embeddings
+    if config.max_model_len is None:
+        config.max_model_len = limit
+    elif not is_int(config.max_model_len) or not 1 < config.max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [2, {limit}] (the model's max_position_embeddings), "
+                         f"got {config.max_model_len!r}")
+    return cls(model, config)
+
+
+def is_int(value: object) -> bool:
+    """An int (or numpy/torch-style integer scalar), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
