@@ -47,11 +47,17 @@ from tqdm.auto import tqdm  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from bench_common import (  # noqa: E402  (scripts/ is on sys.path)
-    Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench, wrap_timed,
+    Hardware,
+    OtherLoad,
+    bench_parser,
+    finish_report,
+    md_table,
+    report_header,
+    start_bench,
+    wrap_timed,
 )
 
 from labkit import LLM, SamplingParams  # noqa: E402
-from labkit.cache.block_manager import BlockManager  # noqa: E402
 from labkit.analysis.kv_memory import (  # noqa: E402
     ContiguousLayout,
     KVMemoryUsage,
@@ -61,8 +67,10 @@ from labkit.analysis.kv_memory import (  # noqa: E402
     max_concurrent_seqs,
     paged_blocks_per_step,
 )
-from labkit.model.source import resolve_model_source  # noqa: E402
 from labkit.analysis.roofline import kv_bytes_per_token  # noqa: E402
+from labkit.cache.block_manager import BlockManager  # noqa: E402
+from labkit.metrics.stats import Percentiles  # noqa: E402
+from labkit.model.source import resolve_model_source  # noqa: E402
 from labkit.workbook.workloads import (  # noqa: E402
     Workload,
     load_workload,
@@ -222,10 +230,9 @@ def measure_prefix_caching(device: torch.device, dtype: torch.dtype, sizes: Size
         start = time.perf_counter()
         outs = llm.generate(prompts[1:], greedy(out_len), use_tqdm=False)
         seconds = time.perf_counter() - start
-        ttfts = [o.metrics.ttft for o in outs]
+        ttft = Percentiles.of([o.metrics.ttft for o in outs])
         per_round[caching].append({
-            "first": first.metrics.ttft, "mean": statistics.mean(ttfts), "median": statistics.median(ttfts),
-            "p90": float(np.percentile(ttfts, 90)), "seconds": seconds,
+            "first": first.metrics.ttft, "mean": ttft.mean, "median": ttft.median, "p90": ttft.p90, "seconds": seconds,
             "prefill": statistics.mean(len(o.prompt_token_ids) - o.num_cached_tokens for o in outs),
             "hit": sum(o.num_cached_tokens for o in outs) / sum(len(o.prompt_token_ids) for o in outs),
             "outputs": [o.outputs[0].token_ids for o in outs],

@@ -3,6 +3,7 @@ stream parser, and a smoke run of ``python -m labkit.serving`` + ``labkit.bench`
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -11,14 +12,24 @@ import httpx
 import numpy as np
 import pytest
 
-from labkit.bench import (BenchResult, ChatLikeDataset, RandomDataset, RequestRecord, ServeBenchConfig,
-                          SharedPrefixDataset, arrival_times, benchmark_serving, calculate_metrics, parse_goodput,
-                          request_goodput)
+from labkit.bench import (
+    BenchResult,
+    ChatLikeDataset,
+    RandomDataset,
+    RequestRecord,
+    ServeBenchConfig,
+    SharedPrefixDataset,
+    arrival_times,
+    benchmark_serving,
+    calculate_metrics,
+    parse_goodput,
+    request_goodput,
+)
 from labkit.bench.__main__ import main as bench_main
 from labkit.bench.client import build_payload, send_request
 from labkit.bench.datasets import BenchRequest
-from labkit.metrics.benchmark import LatencyStats
 from labkit.bench.runner import load_tokenizer_for, run_sync
+from labkit.metrics.stats import Percentiles
 from labkit.serving import ServerProcess
 
 # ---- metrics on a hand-computed timeline ----
@@ -42,14 +53,20 @@ def test_metrics_by_hand() -> None:
     assert (m.completed, m.failed, m.total_input, m.total_output) == (3, 1, 70, 8)
     assert m.request_throughput == pytest.approx(1.5) and m.output_throughput == pytest.approx(4.0)
     assert m.total_token_throughput == pytest.approx(39.0)
-    # TTFT [100, 300, 200] ms: numpy's linear interpolation puts p90 at rank 1.8 of 0..2 -> 280
-    assert (m.ttft.mean, m.ttft.median, m.ttft.p90, m.ttft.p99) == pytest.approx((200, 200, 280, 298))
-    assert m.ttft.std == pytest.approx(math.sqrt(2 / 3) * 100) and m.ttft.count == 3
-    # TPOT only for requests with more than one output token: A 50 ms, D 0 ms (its one chunk held all 4)
-    assert (m.tpot.mean, m.tpot.median, m.tpot.p90, m.tpot.p99, m.tpot.count) == pytest.approx((25, 25, 45, 49.5, 2))
+    # The statistics are in seconds. TTFT [0.1, 0.3, 0.2]: numpy's linear interpolation puts p90 at rank 1.8 of 0..2
+    assert (m.ttft.mean, m.ttft.median, m.ttft.p90, m.ttft.p99) == pytest.approx((0.2, 0.2, 0.28, 0.298))
+    assert m.ttft.std == pytest.approx(math.sqrt(2 / 3) * 0.1) and m.ttft.count == 3
+    # TPOT only for requests with more than one output token: A 0.05 s, D 0 (its one chunk held all 4)
+    assert (m.tpot.mean, m.tpot.median, m.tpot.p90, m.tpot.p99, m.tpot.count) == pytest.approx(
+        (0.025, 0.025, 0.045, 0.0495, 2))
     # ITL pools every gap between chunks: only A has any
-    assert (m.itl.mean, m.itl.p99, m.itl.count) == pytest.approx((50, 50, 2))
-    assert (m.e2el.mean, m.e2el.median, m.e2el.p99) == pytest.approx((700 / 3, 200, 298))
+    assert (m.itl.mean, m.itl.p99, m.itl.count) == pytest.approx((0.05, 0.05, 2))
+    assert (m.e2el.mean, m.e2el.median, m.e2el.p99) == pytest.approx((0.7 / 3, 0.2, 0.298))
+    # the result file has vLLM's keys and units: milliseconds
+    d = m.to_dict()
+    assert (d["mean_ttft_ms"], d["p90_ttft_ms"], d["median_tpot_ms"], d["p99_itl_ms"]) == pytest.approx(
+        (200, 280, 25, 50))
+    assert d["std_ttft_ms"] == pytest.approx(math.sqrt(2 / 3) * 100) and d["p99_e2el_ms"] == pytest.approx(298)
     # goodput, TTFT <= 200 ms: A (100) and D (exactly 200) meet it, B (300) does not -> 2 requests / 2 s
     assert m.request_goodput == pytest.approx(1.0)
 
@@ -71,7 +88,8 @@ def test_output_length_one_and_single_chunk_runs() -> None:
     m = calculate_metrics(ones, duration=1.0)
     assert m.tpot.count == 0 and m.tpot.mean == 0.0  # no TPOT at all (vLLM reports 0)
     assert m.itl.count == 0 and m.itl.p99 == 0.0
-    assert m.ttft.mean == pytest.approx(150) and m.e2el.mean == pytest.approx(150)
+    assert m.ttft.mean == pytest.approx(0.15) and m.e2el.mean == pytest.approx(0.15)
+    assert m.to_dict()["mean_tpot_ms"] == 0.0 and m.to_dict()["p99_itl_ms"] == 0.0  # vLLM writes 0, not NaN
     assert m.request_goodput is None  # no SLOs given
     assert calculate_metrics(ones, 1.0, {"tpot": 0}).request_goodput == pytest.approx(2.0)  # TPOT counts as 0
     chunk = RequestRecord(success=True, prompt_len=5, output_tokens=8, ttft=0.4, itl=[], latency=0.4)
@@ -84,7 +102,7 @@ def test_metrics_refuse_a_zero_duration_and_nothing_completed_is_zeros() -> None
         calculate_metrics(RUN, 0.0)
     m = calculate_metrics([C], 1.0)
     assert (m.completed, m.failed, m.request_throughput, m.ttft.count, m.ttft.mean) == (0, 1, 0.0, 0, 0.0)
-    assert LatencyStats.of([]) == LatencyStats(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    assert m.ttft == Percentiles.of([]) == Percentiles(0.0, 0.0, 0.0, 0.0, 0.0, 0)
 
 
 def test_parse_goodput() -> None:
@@ -107,7 +125,8 @@ def test_arrivals_all_at_once_and_fixed_rate() -> None:
 def test_poisson_and_gamma_arrivals() -> None:
     t = arrival_times(2000, 10.0, burstiness=1.0, seed=3)
     assert t == arrival_times(2000, 10.0, burstiness=1.0, seed=3) != arrival_times(2000, 10.0, seed=4)
-    assert all(b >= a for a, b in zip(t, t[1:])) and t[-1] == pytest.approx(200.0)  # rescaled to n / rate, as vLLM
+    assert all(b >= a for a, b in itertools.pairwise(t))
+    assert t[-1] == pytest.approx(200.0)  # rescaled to n / rate, as vLLM
     cv = {}
     for k in (0.25, 1.0, 4.0):
         gaps = np.diff([0.0, *arrival_times(2000, 10.0, burstiness=k, seed=0)])
@@ -115,9 +134,9 @@ def test_poisson_and_gamma_arrivals() -> None:
     assert cv[0.25] > 1.6 and 0.85 < cv[1.0] < 1.15 and cv[4.0] < 0.6
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(num_requests=0, request_rate=1.0), "num_requests"),
-                                           (dict(num_requests=3, request_rate=0.0), "request_rate"),
-                                           (dict(num_requests=3, request_rate=1.0, burstiness=0.0), "burstiness")])
+@pytest.mark.parametrize("kwargs, match", [({"num_requests": 0, "request_rate": 1.0}, "num_requests"),
+                                           ({"num_requests": 3, "request_rate": 0.0}, "request_rate"),
+                                           ({"num_requests": 3, "request_rate": 1.0, "burstiness": 0.0}, "burstiness")])
 def test_arrivals_refuse_bad_input(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         arrival_times(**kwargs)
@@ -207,9 +226,9 @@ def test_payloads_follow_the_openai_api() -> None:
 
 
 def test_config_checks_its_fields() -> None:
-    for kwargs, match in ((dict(base_url="127.0.0.1:8000"), "http://"), (dict(num_prompts=0), "num_prompts"),
-                          (dict(request_rate=-1.0), "request_rate"), (dict(goodput="ttft=5"), "KEY:MILLISECONDS"),
-                          (dict(max_concurrency=0), "max_concurrency")):
+    for kwargs, match in (({"base_url": "127.0.0.1:8000"}, "http://"), ({"num_prompts": 0}, "num_prompts"),
+                          ({"request_rate": -1.0}, "request_rate"), ({"goodput": "ttft=5"}, "KEY:MILLISECONDS"),
+                          ({"max_concurrency": 0}, "max_concurrency")):
         with pytest.raises(ValueError, match=match):
             ServeBenchConfig(**{"base_url": "http://127.0.0.1:1", **kwargs})  # type: ignore[arg-type]
 

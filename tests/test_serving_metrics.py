@@ -12,11 +12,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from labkit import LLM, SamplingParams  # noqa: E402
-from labkit.engine.base import StepStats  # noqa: E402
+from labkit.engine.step import StepStats  # noqa: E402
 from labkit.metrics.request import RequestMetrics  # noqa: E402
+from labkit.metrics.stats import Percentiles  # noqa: E402
+from labkit.metrics.summary import gantt_rows, run_duration, run_workload, summarize  # noqa: E402
 from labkit.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from labkit.workbook.plots import plot_gantt  # noqa: E402
-from labkit.metrics.summary import Percentiles, gantt_rows, run_duration, run_workload, summarize  # noqa: E402
 
 
 def output(arrival: float, scheduled: float, token_times: list[float], num_prompt: int) -> RequestOutput:
@@ -48,8 +49,8 @@ def test_percentiles_by_hand() -> None:
     assert (p.count, p.median) == (3, 1.5)
     assert close(p.mean, 5.5 / 3) and close(p.p90, 2.7) and close(p.p99, 2.97)
     assert p.ms()["p90"] == pytest.approx(2700.0)
-    empty = Percentiles.of([])
-    assert empty.count == 0 and math.isnan(empty.p99)
+    empty = Percentiles.of([])  # no values: every statistic 0, count 0 (vLLM's rule, one rule everywhere)
+    assert empty.count == 0 and empty.p99 == 0.0 and empty.mean == 0.0
 
 
 def test_summary_by_hand() -> None:
@@ -123,3 +124,10 @@ def test_run_workload_keeps_this_runs_steps_and_preemptions(bundled_path) -> Non
     rows = run.gantt()
     assert len(rows) == 3 and all(r.first_scheduled_step is not None for r in rows)
     assert max(r.finish_step for r in rows) == len(run.step_stats) - 1  # type: ignore[type-var]
+
+
+def test_run_workload_of_an_engine_that_never_preempts(bundled_path) -> None:
+    llm = LLM(str(bundled_path), engine="naive", device="cpu")
+    run = run_workload(llm, [[1, 5, 6, 7], [1, 8, 9]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert (run.engine, run.max_num_seqs, run.num_preemptions) == ("naive", 1, 0)  # one request at a time
+    assert run.summary().tpot.count == 2 and run.summary().num_output_tokens == 6

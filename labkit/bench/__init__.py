@@ -7,14 +7,14 @@
     result = benchmark_serving(ServeBenchConfig(base_url=url, dataset=RandomDataset(64, 32, 0.5), request_rate=8))
 
 Modules: ``datasets`` (what to send), ``arrivals`` (when), ``client`` (one timed streamed request),
-``metrics`` (TTFT/TPOT/ITL/E2EL, throughput, goodput as vLLM defines them), ``runner``.
+``runner``; the metrics (TTFT/TPOT/ITL/E2EL, throughput, goodput as vLLM defines them) are
+``labkit.metrics.benchmark``, their statistics ``labkit.metrics.stats.Percentiles`` (seconds; ms in reports).
 """
 
 from labkit.bench.arrivals import arrival_times
 from labkit.bench.datasets import DATASETS, BenchRequest, ChatLikeDataset, RandomDataset, SharedPrefixDataset
-from labkit.metrics.benchmark import (BenchMetrics, LatencyStats, RequestRecord, calculate_metrics, parse_goodput,
-                                  request_goodput)
 from labkit.bench.runner import BenchResult, ServeBenchConfig, benchmark_serving, run_serve_benchmark
+from labkit.metrics.benchmark import BenchMetrics, RequestRecord, calculate_metrics, parse_goodput, request_goodput
 
 __all__ = [
     "DATASETS",
@@ -22,7 +22,6 @@ __all__ = [
     "BenchRequest",
     "BenchResult",
     "ChatLikeDataset",
-    "LatencyStats",
     "RandomDataset",
     "RequestRecord",
     "ServeBenchConfig",

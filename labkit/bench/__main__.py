@@ -14,8 +14,8 @@ import argparse
 import sys
 
 from labkit.bench.datasets import ChatLikeDataset, RandomDataset, SharedPrefixDataset
-from labkit.metrics.benchmark import parse_goodput
 from labkit.bench.runner import ServeBenchConfig, benchmark_serving
+from labkit.metrics.benchmark import parse_goodput
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,10 +2,11 @@
 
 The load generator must measure what a user would see, so it times the stream as it arrives: the
 clock starts just before the request is sent; each server-sent event that carries a choice is a
-"token chunk" (TTFT at the first, an ITL gap at each next one); the final usage record says how
-many tokens there were. This is vLLM's ``async_request_openai_completions`` /
-``..._chat_completions``, with httpx instead of aiohttp. Works against labkit, vLLM, SGLang, TGI
-(its OpenAI-compatible ``/v1`` routes) and OpenAI's own API.
+"token chunk" (TTFT at the first, an ITL gap at each next one, by ``labkit.metrics.request``'s
+definitions, as the engine times its own tokens); the final usage record says how many tokens there
+were. This is vLLM's ``async_request_openai_completions`` / ``..._chat_completions``, with httpx
+instead of aiohttp. Works against labkit, vLLM, SGLang, TGI (its OpenAI-compatible ``/v1`` routes)
+and OpenAI's own API.
 
 Introduced in notebook 09 (``09_serving_and_metrics``).
 """
@@ -20,6 +21,7 @@ import httpx
 
 from labkit.bench.datasets import BenchRequest
 from labkit.metrics.benchmark import RequestRecord
+from labkit.metrics.request import compute_latencies
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
@@ -54,9 +56,9 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict[str, A
     chat = "messages" in payload
     record = RequestRecord(prompt_len=prompt_len)
     text: list[str] = []
-    num_chunks = 0
+    chunk_times: list[float] = []  # when each chunk with a choice arrived: the client's token times
     start = time.perf_counter()
-    record.start_time = last = start
+    record.start_time = start
     try:
         async with client.stream("POST", url, json=payload) as response:
             if response.status_code != 200:
@@ -74,13 +76,7 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict[str, A
                 if chunk.get("error"):
                     record.error = str(chunk["error"].get("message", chunk["error"]))
                 if chunk.get("choices"):
-                    now = time.perf_counter()
-                    if num_chunks == 0:
-                        record.ttft = now - start
-                    else:
-                        record.itl.append(now - last)
-                    last = now
-                    num_chunks += 1
+                    chunk_times.append(time.perf_counter())
                     text.append(_chunk_text(chunk["choices"][0], chat))
                 if chunk.get("usage"):
                     record.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
@@ -89,10 +85,12 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict[str, A
         record.error = f"{type(exc).__name__}: {exc}"
         return record
     record.generated_text = "".join(text)
-    record.latency = last - start
+    if not chunk_times:
+        record.error = record.error or "the stream ended without a single token chunk"
+        return record
+    lat = compute_latencies(start, chunk_times)  # sent at ``start``: the request's arrival, as the client sees it
+    record.ttft, record.itl, record.latency = lat.ttft, lat.itl, lat.e2e
     if not record.output_tokens:
-        record.output_tokens = num_chunks  # no usage record: count chunks (one token each on labkit)
-    record.success = num_chunks > 0 and not record.error
-    if num_chunks == 0 and not record.error:
-        record.error = "the stream ended without a single token chunk"
+        record.output_tokens = len(chunk_times)  # no usage record: count chunks (one token each on labkit)
+    record.success = not record.error
     return record

@@ -9,7 +9,7 @@ recomputes goodput for other SLOs without re-running anything.
 
     result = benchmark_serving(ServeBenchConfig(base_url="http://127.0.0.1:8000", num_prompts=64,
                                                 request_rate=8, goodput={"ttft": 500, "tpot": 50}))
-    result.metrics.p99 ...; result.save("run.json"); result.print_report()
+    result.metrics.ttft.p99  # seconds; result.save("run.json") and result.print_report() show ms, as vLLM
 
 Any OpenAI-compatible base URL works (labkit, vLLM, SGLang, TGI); pass the server's tokenizer for
 lengths that match its counting. Introduced in notebook 09 (``09_serving_and_metrics``).
@@ -138,11 +138,11 @@ class BenchResult:
         titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
                   "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
         for name, title in titles.items():
-            stats = getattr(m, name)
+            ms = getattr(m, name).ms()  # the statistics are in seconds; vLLM's report is in ms
             lines.append(f"{title:-^52}")
             for stat in ("mean", "median", "p90", "p99"):
                 lines.append(f"{stat.capitalize() if stat in ('mean', 'median') else stat.upper()} "
-                             f"{name.upper()} (ms):".ljust(41) + f"{getattr(stats, stat):.2f}")
+                             f"{name.upper()} (ms):".ljust(41) + f"{ms[stat]:.2f}")
         lines.append("=" * 52)
         return "\n".join(lines)
 

@@ -7,9 +7,10 @@ Everything is measured by the client, per request, from the moment it sends the 
   server that bundles tokens into one chunk shows fewer, longer gaps), pooled over all requests;
 * **E2EL**: send -> the last chunk with a choice (``latency``);
 * **TPOT**: ``(E2EL - TTFT) / (output tokens - 1)``, per request with more than one output token;
-  output tokens come from the server's usage record;
-* mean, median, standard deviation, p90 and p99 of each (``numpy``, linear interpolation; 0 when a
-  list is empty, as vLLM reports it);
+  output tokens come from the server's usage record (``labkit.metrics.request.time_per_output_token``,
+  the same definition the engine's own metrics use);
+* mean, median, standard deviation, p90 and p99 of each as a ``Percentiles`` (``labkit.metrics.stats``:
+  seconds, 0 when a list is empty, as vLLM reports it); milliseconds only in the JSON file and the report;
 * **throughput** over the benchmark's duration (first send -> last response): completed requests/s,
   output tokens/s, prompt + output tokens/s; failed requests count in none of them;
 * **goodput**: completed requests that meet *every* given SLO, per second. SLOs are in milliseconds,
@@ -27,7 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from labkit.metrics.request import time_per_output_token
+from labkit.metrics.stats import Percentiles
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -53,9 +55,7 @@ class RequestRecord:
     @property
     def tpot(self) -> float:
         """(E2EL - TTFT) / (output tokens - 1); 0 for a single-token request."""
-        if self.output_tokens > 1:
-            return (self.latency - self.ttft) / (self.output_tokens - 1)
-        return 0.0
+        return time_per_output_token(self.ttft, self.latency, self.output_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -64,24 +64,6 @@ class RequestRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> RequestRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """Mean, median, std, p90 and p99 of one latency in ms (all 0 when there is no value). Notebook 09."""
-
-    mean: float
-    median: float
-    std: float
-    p90: float
-    p99: float
-    count: int
-
-    @classmethod
-    def of(cls, seconds: Sequence[float]) -> LatencyStats:
-        a = np.asarray(seconds if len(seconds) else [0.0], dtype=float) * 1000.0
-        p50, p90, p99 = np.percentile(a, [50, 90, 99])
-        return cls(float(a.mean()), float(p50), float(a.std()), float(p90), float(p99), len(seconds))
 
 
 @dataclass(frozen=True)
@@ -97,14 +79,14 @@ class BenchMetrics:
     request_goodput: float | None  # requests meeting every SLO / s; None without SLOs
     output_throughput: float  # output tokens / s
     total_token_throughput: float  # (prompt + output) tokens / s
-    ttft: LatencyStats
-    tpot: LatencyStats
-    itl: LatencyStats
-    e2el: LatencyStats
+    ttft: Percentiles  # seconds, like every Percentiles; to_dict writes them in ms
+    tpot: Percentiles
+    itl: Percentiles
+    e2el: Percentiles
     slos: dict[str, float] = field(default_factory=dict)  # ms
 
     def to_dict(self) -> dict[str, Any]:
-        """vLLM's result-file keys: ``mean_ttft_ms``, ``p99_itl_ms``, ``request_goodput``, ..."""
+        """vLLM's result-file keys and units: ``mean_ttft_ms``, ``p99_itl_ms`` (ms), ``request_goodput``, ..."""
         out: dict[str, Any] = {
             "duration": self.duration, "completed": self.completed, "failed": self.failed,
             "total_input_tokens": self.total_input, "total_output_tokens": self.total_output,
@@ -113,9 +95,9 @@ class BenchMetrics:
             "goodput_slos_ms": dict(self.slos),
         }
         for name in ("ttft", "tpot", "itl", "e2el"):
-            stats: LatencyStats = getattr(self, name)
-            for stat in ("mean", "median", "std", "p90", "p99"):
-                out[f"{stat}_{name}_ms"] = getattr(stats, stat)
+            stats: Percentiles = getattr(self, name)
+            for stat, ms in stats.ms().items():  # vLLM's file is in ms: the one place these become ms
+                out[f"{stat}_{name}_ms"] = ms
         return out
 
 
@@ -178,8 +160,8 @@ def calculate_metrics(records: Sequence[RequestRecord], duration: float,
         total_output=total_output, request_throughput=len(done) / duration,
         request_goodput=request_goodput(done, slos, duration) if slos else None,
         output_throughput=total_output / duration, total_token_throughput=(total_input + total_output) / duration,
-        ttft=LatencyStats.of([r.ttft for r in done]),
-        tpot=LatencyStats.of([r.tpot for r in done if r.output_tokens > 1]),
-        itl=LatencyStats.of([gap for r in done for gap in r.itl]),
-        e2el=LatencyStats.of([r.latency for r in done]), slos=slos,
+        ttft=Percentiles.of([r.ttft for r in done]),
+        tpot=Percentiles.of([r.tpot for r in done if r.output_tokens > 1]),  # vLLM leaves single tokens out
+        itl=Percentiles.of([gap for r in done for gap in r.itl]),
+        e2el=Percentiles.of([r.latency for r in done]), slos=slos,
     )

@@ -7,7 +7,9 @@ scrapes ``/metrics`` every few seconds; histograms let it compute percentiles ov
 
 Names follow vLLM's (``vllm:time_to_first_token_seconds`` becomes ``labkit:time_to_first_token_seconds``)
 so dashboards carry over. Each server gets its own ``CollectorRegistry``: no global state, so tests
-can run several servers in one process. Introduced in notebook 09 (``09_serving_and_metrics``).
+can run several servers in one process. TTFT and ITL are observed by the definitions of
+``labkit.metrics.request``; percentiles are left to Prometheus (``histogram_quantile`` over the buckets), so
+``Percentiles`` has no place here. Introduced in notebook 09 (``09_serving_and_metrics``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from labkit.metrics.request import inter_token_latencies
 
 # Seconds. vLLM's buckets, with finer ones at the bottom: a tiny model on a CPU answers in milliseconds.
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -86,12 +90,12 @@ class ServerMetrics:
 
     def observe_tokens(self, arrival_time: float, token_times: list[float], num_new: int) -> None:
         """Record the newest ``num_new`` tokens of a request (TTFT for its first, ITL for each later one)."""
-        n = len(token_times)
-        for i in range(n - num_new, n):
-            if i == 0:
-                self.ttft.observe(token_times[0] - arrival_time)
-            else:
-                self.itl.observe(token_times[i] - token_times[i - 1])
+        first_new = len(token_times) - num_new
+        if num_new > 0 and first_new == 0:
+            self.ttft.observe(token_times[0] - arrival_time)
+        # Only the gaps that end at a new token: the slice starts one token earlier to include the first of them.
+        for gap in inter_token_latencies(token_times[max(first_new - 1, 0):]):
+            self.itl.observe(gap)
         self.generation_tokens.inc(num_new)
 
     def request_added(self, num_prompt_tokens: int) -> None:

@@ -7,6 +7,8 @@ TTFT = arrival -> first token; ITL = each gap between consecutive tokens; TPOT =
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -20,6 +22,22 @@ class Latencies:
     e2e: float
 
 
+def inter_token_latencies(token_times: Sequence[float]) -> list[float]:
+    """ITL: every gap between consecutive tokens (empty for fewer than two)."""
+    return [b - a for a, b in itertools.pairwise(token_times)]
+
+
+def time_per_output_token(ttft: float, e2e: float, num_output_tokens: int) -> float:
+    """TPOT = (E2E - TTFT) / (output tokens - 1): the mean pace after the first token; 0 for fewer than two.
+
+    The one definition of TPOT in labkit: the engine's request metrics, the run summaries and the load generator
+    all call it. The load generator passes the server's token count, which can exceed its chunk count (a server
+    may stream several tokens in one chunk), so the count is an argument rather than ``len(token_times)``.
+    A single-token request has no pace to measure; 0 is what vLLM's goodput counts for it.
+    """
+    return (e2e - ttft) / (num_output_tokens - 1) if num_output_tokens > 1 else 0.0
+
+
 def compute_latencies(arrival_time: float, token_times: list[float]) -> Latencies:
     """Derive TTFT, ITL, TPOT and E2E from the arrival time and each output token's time.
 
@@ -29,9 +47,8 @@ def compute_latencies(arrival_time: float, token_times: list[float]) -> Latencie
         raise ValueError("a request with no output tokens has no latencies")
     ttft = token_times[0] - arrival_time
     e2e = token_times[-1] - arrival_time
-    itl = [b - a for a, b in zip(token_times, token_times[1:])]
-    tpot = (e2e - ttft) / (len(token_times) - 1) if len(token_times) > 1 else 0.0
-    return Latencies(ttft=ttft, itl=itl, tpot=tpot, e2e=e2e)
+    return Latencies(ttft=ttft, itl=inter_token_latencies(token_times),
+                     tpot=time_per_output_token(ttft, e2e, len(token_times)), e2e=e2e)
 
 
 @dataclass

@@ -5,16 +5,17 @@ whole workload. ``summarize`` turns a run's ``RequestOutput``s into the numbers 
 
 * throughput over the run's wall time (first arrival -> last token): requests/s, output tokens/s, and
   prompt + output tokens/s;
-* TTFT, ITL, TPOT and E2E as mean, median, p90 and p99 (``numpy.percentile``, linear interpolation),
-  where TTFT, TPOT and E2E have one value per request (TPOT only for requests with more than one output
-  token) and ITL pools every gap between consecutive tokens of every request;
+* TTFT, ITL, TPOT and E2E as ``Percentiles`` (``labkit.metrics.stats``: mean, median, std, p90, p99, in
+  seconds), where TTFT, TPOT and E2E have one value per request (TPOT only for requests with more than one
+  output token) and ITL pools every gap between consecutive tokens of every request; each request's values
+  come from ``labkit.metrics.request``, the definitions of notebook 01;
 * preemptions (from the engine's counter: outputs do not carry them).
 
 ``run_workload`` runs prompts through an ``LLM`` and keeps what a summary and a Gantt chart need (the
 outputs, the run's ``StepStats``, its preemptions); ``gantt_rows`` turns outputs into one row per request:
 arrival, first scheduled, first token, finish, and how long it held its batch slot.
 
-Introduced in notebook 07 (``07_continuous_batching``); used again in notebooks 08 and 09 and by
+Introduced in notebook 07 (``07_continuous_batching``); used again in notebook 08 and by
 ``scripts/bench_engines.py``.
 """
 
@@ -25,36 +26,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from labkit.engine.base import StepStats
+from labkit.engine.step import StepStats
 from labkit.llm import LLM
+from labkit.metrics.stats import Percentiles
 from labkit.outputs import RequestOutput
 from labkit.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    """Mean, median, p90 and p99 of a list of latencies, in seconds (NaN when there is none). Notebook 07."""
-
-    mean: float
-    median: float
-    p90: float
-    p99: float
-    count: int
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Percentiles:
-        if len(values) == 0:
-            nan = float("nan")
-            return cls(nan, nan, nan, nan, 0)
-        a = np.asarray(values, dtype=float)
-        p50, p90, p99 = np.percentile(a, [50, 90, 99])
-        return cls(float(a.mean()), float(p50), float(p90), float(p99), len(a))
-
-    def ms(self) -> dict[str, float]:
-        """The four statistics in milliseconds, keyed mean/median/p90/p99."""
-        return {"mean": self.mean * 1e3, "median": self.median * 1e3, "p90": self.p90 * 1e3, "p99": self.p99 * 1e3}
 
 
 @dataclass(frozen=True)
@@ -143,7 +119,7 @@ class Run:
     step_stats: list[StepStats]
     num_preemptions: int
     wall_time: float  # seconds the generate call took (tokenization included)
-    max_num_seqs: int | None = None  # the engine's slots, where it has a limit
+    max_num_seqs: int  # the engine's batch slots (1 for the naive engine)
 
     def summary(self) -> ServingSummary:
         return summarize(self.outputs, num_preemptions=self.num_preemptions)
@@ -163,14 +139,14 @@ def run_workload(llm: LLM, prompts: Sequence[str | list[int]], params: SamplingP
     """``llm.generate`` the prompts and keep this run's step statistics and preemptions. Notebook 07."""
     engine = llm.engine
     first_step = len(engine.step_stats)
-    preempted_before = getattr(engine, "num_preemptions", 0)  # only the paged engines can preempt
+    preempted_before = engine.num_preemptions  # a running total since the engine started: keep this run's share
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=use_tqdm, arrival_times=arrival_times)
     wall = time.perf_counter() - start
     return Run(label=label or llm.engine_name, engine=llm.engine_name, outputs=outputs,
                step_stats=list(engine.step_stats[first_step:]),
-               num_preemptions=getattr(engine, "num_preemptions", 0) - preempted_before, wall_time=wall,
-               max_num_seqs=getattr(engine.config, "max_num_seqs", None))
+               num_preemptions=engine.num_preemptions - preempted_before, wall_time=wall,
+               max_num_seqs=engine.max_num_seqs)
 
 
 # ---- Gantt data ----
