@@ -62,7 +62,7 @@ def test_stage_times_add_up_and_steps_are_ordered(llm: LLM) -> None:
 
 def test_trace_refuses_a_busy_engine_and_leaves_none_behind(llm: LLM) -> None:
     params = SamplingParams(max_tokens=3, temperature=0.0)
-    (seq,), = llm._make_sequences([PROMPT], [params])
+    (seq,), = llm.input_processor.make_sequences([PROMPT], [params])
     llm.engine.add_request(seq)
     try:
         with pytest.raises(ValueError, match="unfinished"):
@@ -93,7 +93,8 @@ def test_plots_of_a_trace_and_a_roof_draw_labelled_axes(llm: LLM) -> None:
     import matplotlib.pyplot as plt
 
     from labkit.analysis.hardware import DeviceRoof
-    from labkit.workbook.plots import plot_request_timeline, plot_roofline, plot_stage_breakdown, plot_token_latencies
+    from labkit.workbook.plots import plot_roofline
+    from labkit.workbook.request_plots import plot_request_timeline, plot_stage_breakdown, plot_token_latencies
 
     trace = trace_request(llm, PROMPT, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     roof = DeviceRoof("cpu", "test CPU", "float32", 10e9, 8e9, 10e9, 100e9, 512, 1 << 26, 2)

@@ -1,8 +1,7 @@
-"""The workbook's shared plots: the roofline, and where one request's time goes.
+"""The workbook's shared plots: the roofline, batch slots and tokens, the Gantt chart; the colours every plot uses.
 
-Introduced in notebook 00 (``00_setup_and_hardware``: ``plot_roofline``) and notebook 01
-(``01_anatomy_of_a_request``: ``plot_token_latencies``, ``plot_stage_breakdown``,
-``plot_request_timeline``). Notebook 04 places measured engine steps on the roofline with
+Introduced in notebook 00 (``00_setup_and_hardware``: ``plot_roofline``; one request's plots of notebook 01
+are in ``request_plots``). Notebook 04 places measured engine steps on the roofline with
 ``plot_roofline(roof, points=...)``. Notebook 05 (``05_static_batching``) adds
 ``plot_slot_occupancy`` and ``plot_token_breakdown``, which notebook 07 reuses. Every function draws on
 ``ax`` (a new figure if None) and returns it.
@@ -22,7 +21,6 @@ from matplotlib.ticker import EngFormatter
 
 from labkit.analysis.batching import SlotOccupancy, TokenCounts
 from labkit.analysis.hardware import DeviceRoof
-from labkit.profiling.request_trace import RequestTrace
 
 # One colour per stage, the same in every plot of the workbook.
 STAGE_COLORS: dict[str, str] = {
@@ -47,7 +45,7 @@ def _intensity(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def _new_ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+def new_ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
     if ax is None:
         _, ax = plt.subplots(figsize=figsize, layout="constrained")
     return ax
@@ -58,7 +56,7 @@ def plot_roofline(roof: DeviceRoof, points: Sequence[RooflinePoint] | None = Non
 
     ``points``: optional (label, intensity, achieved FLOP/s) markers, e.g. measured engine steps (notebook 04).
     """
-    ax = _new_ax(ax, (8, 5))
+    ax = new_ax(ax, (8, 5))
     points = list(points or [])
     peak, bw, ridge = roof.matmul_flops, roof.memory_bandwidth, roof.ridge_point
     # Span two decades either side of the ridge point, widened to include every point.
@@ -96,122 +94,6 @@ def plot_roofline(roof: DeviceRoof, points: Sequence[RooflinePoint] | None = Non
     return ax
 
 
-def plot_token_latencies(traces: RequestTrace | Mapping[str, RequestTrace], ax: Axes | None = None,
-                         show_work: bool = True) -> Axes:
-    """Step time (ms) of the step that produced each output token, prefill token marked.
-
-    Several traces (a mapping label -> trace) draw one line each, e.g. two engines side by side.
-    ``show_work`` adds each step's computed token positions on a second axis (one trace only).
-    """
-    ax = _new_ax(ax, (8, 4))
-    named = {"request": traces} if isinstance(traces, RequestTrace) else dict(traces)
-    for label, trace in named.items():
-        steps = [s for s in trace.steps if s.token_id is not None]
-        ms = [s.duration * 1e3 for s in steps]
-        idx = np.arange(len(ms))
-        name = f"{label}: decode steps" if len(named) > 1 else "decode step"
-        line = ax.plot(idx, ms, marker=".", lw=1, label=name)[0]
-        first = [i for i, s in enumerate(steps) if s.phase == "prefill"]
-        ax.scatter(first, [ms[i] for i in first], s=90, marker="*", zorder=5,
-                   color=PHASE_COLORS["prefill"] if len(named) == 1 else line.get_color(),
-                   label=f"{label}: prefill (first token)" if len(named) > 1 else "prefill (first token)")
-    ax.set_xlabel("output token index")
-    ax.set_ylabel("step time (ms)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Time of the engine step that produced each token")
-    ax.grid(True, alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
-    if show_work and len(named) == 1:
-        trace = next(iter(named.values()))
-        steps = [s for s in trace.steps if s.token_id is not None]
-        ax2 = ax.twinx()
-        work = ax2.plot(np.arange(len(steps)), [s.num_computed_tokens for s in steps], color="gray", ls=":",
-                        label="token positions computed (right axis)")
-        ax2.set_ylabel("token positions computed per step")
-        ax2.set_ylim(bottom=0)
-        handles += work
-        labels += [work[0].get_label()]
-    ax.legend(handles, labels, loc="upper left", fontsize=8)
-    return ax
-
-
-def plot_stage_breakdown(trace: RequestTrace, ax: Axes | None = None) -> Axes:
-    """Stacked bars: each stage's milliseconds, for tokenize and for every engine step."""
-    ax = _new_ax(ax, (9, 4))
-    stages = [s for s in STAGE_COLORS if s != "tokenize"]
-    stages += sorted({k for st in trace.steps for k in st.stage_times} - set(stages))  # any engine-specific stage
-    x = np.arange(len(trace.steps) + 1)  # bar 0 is tokenize
-    bottom = np.zeros(len(x))
-    tok = np.zeros(len(x))
-    tok[0] = trace.tokenize_time * 1e3
-    ax.bar(x, tok, color=STAGE_COLORS["tokenize"], label="tokenize")
-    for stage in stages:
-        ms = np.array([0.0] + [st.stage_times.get(stage, 0.0) * 1e3 for st in trace.steps])
-        ax.bar(x, ms, bottom=bottom, color=STAGE_COLORS.get(stage), label=stage)
-        bottom += ms
-    labels = ["tok"] + ["P" if st.phase == "prefill" else str(st.index) for st in trace.steps]
-    every = max(1, len(labels) // 16)
-    ax.set_xticks(x[::every], labels[::every])
-    ax.set_xlabel("stage (tok = tokenize, P = prefill step, then decode step number)")
-    ax.set_ylabel("time (ms)")
-    ax.set_title("Where the time goes in each stage of one request")
-    ax.set_ylim(top=max(bottom.max(), tok[0]) * 1.25)  # headroom for the legend
-    ax.legend(fontsize=8, ncols=len(stages) + 1, loc="upper left")
-    ax.grid(True, axis="y", alpha=0.3)
-    return ax
-
-
-def plot_request_timeline(trace: RequestTrace, stream_times: Sequence[float] | None = None,
-                          ax: Axes | None = None) -> Axes:
-    """One request on a time axis (ms since submission): stages as coloured spans, tokens as ticks.
-
-    ``stream_times``: seconds since submission at which stream deltas arrived (optional third row).
-    """
-    ax = _new_ax(ax, (10, 3))
-    rows: list[tuple[str, float]] = [("engine", 2.0), ("tokens", 1.0)] + ([("stream", 0.0)] if stream_times else [])
-    spans: dict[str, list[tuple[float, float]]] = {"tokenize": [(0.0, trace.tokenize_time * 1e3)]}
-    for step in trace.steps:
-        t = step.start
-        for stage, seconds in step.stage_times.items():
-            spans.setdefault(stage, []).append((t * 1e3, seconds * 1e3))
-            t += seconds
-    for stage, bars in spans.items():
-        ax.broken_barh(bars, (1.7, 0.6), color=STAGE_COLORS.get(stage, "gray"), label=stage)
-    m = trace.metrics
-    if m is not None and m.token_times:
-        tok_ms = [(t - trace.submit_time) * 1e3 for t in m.token_times]
-        ax.vlines(tok_ms, 0.7, 1.3, color="black", lw=1)
-        arrival = (m.arrival_time - trace.submit_time) * 1e3
-        ax.axvline(arrival, color="gray", ls=":", lw=1)
-        ax.annotate("", xy=(tok_ms[0], 2.6), xytext=(arrival, 2.6),
-                    arrowprops={"arrowstyle": "<->", "color": PHASE_COLORS["prefill"]})
-        ax.text(arrival, 2.7, f"TTFT {tok_ms[0] - arrival:.1f} ms", ha="left", va="bottom",
-                color=PHASE_COLORS["prefill"], fontsize=9)
-    if stream_times:
-        ax.vlines([t * 1e3 for t in stream_times], -0.3, 0.3, color="tab:purple", lw=1)
-    ax.set_yticks([y for _, y in rows], [name for name, _ in rows])
-    ax.set_ylim(-0.6 if stream_times else 0.4, 3.2)
-    ax.set_xlabel("time since the request was submitted (ms)")
-    ax.set_title("One request on a timeline: stages (top), token timestamps (middle)"
-                 + (", stream deltas (bottom)" if stream_times else ""))
-    ax.legend(fontsize=8, ncols=len(spans), loc="lower right")
-    ax.grid(True, axis="x", alpha=0.3)
-    return ax
-
-
-# ---- static batching (notebook 05; reused by 07) ----
-
-# Slot states of an occupancy timeline, and their colours: blue is useful work, warm colours are waste.
-SLOT_COLORS: dict[str, str] = {
-    "empty": "#ffffff",
-    "useful: prompt (prefill)": "#08519c",
-    "useful: decode": "#6baed6",
-    "padding": "#fd8d3c",
-    "finished, still computed": "#d62728",
-}
-WASTE_COLORS: dict[str, str] = {"useful": "#3182bd", "padding": "#fd8d3c", "idle": "#d62728"}
-
-
 def plot_slot_occupancy(occupancy: SlotOccupancy, ax: Axes | None = None, step_times: Sequence[float] | None = None,
                         title: str | None = None, sub_rows: int = 8) -> Axes:
     """Slot-occupancy timeline: x = engine step (or time), y = batch slot, colour = what the slot computed.
@@ -220,7 +102,7 @@ def plot_slot_occupancy(occupancy: SlotOccupancy, ax: Axes | None = None, step_t
     cell is useful or finished-but-still-computed. ``step_times``: each step's duration in seconds, to
     draw steps as wide as they took (x in ms) instead of one unit each.
     """
-    ax = _new_ax(ax, (10, 3.5))
+    ax = new_ax(ax, (10, 3.5))
     names = list(SLOT_COLORS)
     code = {name: i for i, name in enumerate(names)}
     steps, slots, k = occupancy.num_steps, occupancy.num_slots, sub_rows
@@ -271,7 +153,7 @@ def plot_slot_occupancy(occupancy: SlotOccupancy, ax: Axes | None = None, step_t
 def plot_token_breakdown(counts: Mapping[str, TokenCounts], ax: Axes | None = None, xlabel: str = "run",
                          title: str | None = None) -> Axes:
     """Stacked bars per run: useful, padding and idle (finished-slot) token positions computed."""
-    ax = _new_ax(ax, (8, 4))
+    ax = new_ax(ax, (8, 4))
     labels = list(counts)
     x = np.arange(len(labels))
     bottom = np.zeros(len(labels))
@@ -319,7 +201,7 @@ def plot_gantt(rows: Sequence[GanttRow], ax: Axes | None = None, unit: str = "st
     """
     if unit not in ("step", "time"):
         raise ValueError(f"unit must be 'step' or 'time', got {unit!r}")
-    ax = _new_ax(ax, (10, 0.5 + 0.22 * min(len(rows), max_rows)))
+    ax = new_ax(ax, (10, 0.5 + 0.22 * min(len(rows), max_rows)))
     shown = sorted(rows, key=lambda r: (r.arrival, r.index))[:max_rows]
     if unit == "step" and any(r.first_scheduled_step is None for r in shown):
         raise ValueError("these Gantt rows have no step indices; pass step_stats to gantt_rows or use unit='time'")

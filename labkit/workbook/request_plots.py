@@ -1,0 +1,131 @@
+"""Where one request's time goes: per-token latencies, the stage breakdown, and the request's timeline.
+
+Introduced in notebook 01 (``01_anatomy_of_a_request``). Every function draws on ``ax`` (a new figure if
+None) and returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+
+from labkit.profiling.request_trace import RequestTrace
+from labkit.workbook.plots import PHASE_COLORS, STAGE_COLORS, new_ax
+
+
+def plot_token_latencies(traces: RequestTrace | Mapping[str, RequestTrace], ax: Axes | None = None,
+                         show_work: bool = True) -> Axes:
+    """Step time (ms) of the step that produced each output token, prefill token marked.
+
+    Several traces (a mapping label -> trace) draw one line each, e.g. two engines side by side.
+    ``show_work`` adds each step's computed token positions on a second axis (one trace only).
+    """
+    ax = new_ax(ax, (8, 4))
+    named = {"request": traces} if isinstance(traces, RequestTrace) else dict(traces)
+    for label, trace in named.items():
+        steps = [s for s in trace.steps if s.token_id is not None]
+        ms = [s.duration * 1e3 for s in steps]
+        idx = np.arange(len(ms))
+        name = f"{label}: decode steps" if len(named) > 1 else "decode step"
+        line = ax.plot(idx, ms, marker=".", lw=1, label=name)[0]
+        first = [i for i, s in enumerate(steps) if s.phase == "prefill"]
+        ax.scatter(first, [ms[i] for i in first], s=90, marker="*", zorder=5,
+                   color=PHASE_COLORS["prefill"] if len(named) == 1 else line.get_color(),
+                   label=f"{label}: prefill (first token)" if len(named) > 1 else "prefill (first token)")
+    ax.set_xlabel("output token index")
+    ax.set_ylabel("step time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Time of the engine step that produced each token")
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if show_work and len(named) == 1:
+        trace = next(iter(named.values()))
+        steps = [s for s in trace.steps if s.token_id is not None]
+        ax2 = ax.twinx()
+        work = ax2.plot(np.arange(len(steps)), [s.num_computed_tokens for s in steps], color="gray", ls=":",
+                        label="token positions computed (right axis)")
+        ax2.set_ylabel("token positions computed per step")
+        ax2.set_ylim(bottom=0)
+        handles += work
+        labels += [work[0].get_label()]
+    ax.legend(handles, labels, loc="upper left", fontsize=8)
+    return ax
+
+
+def plot_stage_breakdown(trace: RequestTrace, ax: Axes | None = None) -> Axes:
+    """Stacked bars: each stage's milliseconds, for tokenize and for every engine step."""
+    ax = new_ax(ax, (9, 4))
+    stages = [s for s in STAGE_COLORS if s != "tokenize"]
+    stages += sorted({k for st in trace.steps for k in st.stage_times} - set(stages))  # any engine-specific stage
+    x = np.arange(len(trace.steps) + 1)  # bar 0 is tokenize
+    bottom = np.zeros(len(x))
+    tok = np.zeros(len(x))
+    tok[0] = trace.tokenize_time * 1e3
+    ax.bar(x, tok, color=STAGE_COLORS["tokenize"], label="tokenize")
+    for stage in stages:
+        ms = np.array([0.0] + [st.stage_times.get(stage, 0.0) * 1e3 for st in trace.steps])
+        ax.bar(x, ms, bottom=bottom, color=STAGE_COLORS.get(stage), label=stage)
+        bottom += ms
+    labels = ["tok"] + ["P" if st.phase == "prefill" else str(st.index) for st in trace.steps]
+    every = max(1, len(labels) // 16)
+    ax.set_xticks(x[::every], labels[::every])
+    ax.set_xlabel("stage (tok = tokenize, P = prefill step, then decode step number)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title("Where the time goes in each stage of one request")
+    ax.set_ylim(top=max(bottom.max(), tok[0]) * 1.25)  # headroom for the legend
+    ax.legend(fontsize=8, ncols=len(stages) + 1, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
+    return ax
+
+
+def plot_request_timeline(trace: RequestTrace, stream_times: Sequence[float] | None = None,
+                          ax: Axes | None = None) -> Axes:
+    """One request on a time axis (ms since submission): stages as coloured spans, tokens as ticks.
+
+    ``stream_times``: seconds since submission at which stream deltas arrived (optional third row).
+    """
+    ax = new_ax(ax, (10, 3))
+    rows: list[tuple[str, float]] = [("engine", 2.0), ("tokens", 1.0)] + ([("stream", 0.0)] if stream_times else [])
+    spans: dict[str, list[tuple[float, float]]] = {"tokenize": [(0.0, trace.tokenize_time * 1e3)]}
+    for step in trace.steps:
+        t = step.start
+        for stage, seconds in step.stage_times.items():
+            spans.setdefault(stage, []).append((t * 1e3, seconds * 1e3))
+            t += seconds
+    for stage, bars in spans.items():
+        ax.broken_barh(bars, (1.7, 0.6), color=STAGE_COLORS.get(stage, "gray"), label=stage)
+    m = trace.metrics
+    if m is not None and m.token_times:
+        tok_ms = [(t - trace.submit_time) * 1e3 for t in m.token_times]
+        ax.vlines(tok_ms, 0.7, 1.3, color="black", lw=1)
+        arrival = (m.arrival_time - trace.submit_time) * 1e3
+        ax.axvline(arrival, color="gray", ls=":", lw=1)
+        ax.annotate("", xy=(tok_ms[0], 2.6), xytext=(arrival, 2.6),
+                    arrowprops={"arrowstyle": "<->", "color": PHASE_COLORS["prefill"]})
+        ax.text(arrival, 2.7, f"TTFT {tok_ms[0] - arrival:.1f} ms", ha="left", va="bottom",
+                color=PHASE_COLORS["prefill"], fontsize=9)
+    if stream_times:
+        ax.vlines([t * 1e3 for t in stream_times], -0.3, 0.3, color="tab:purple", lw=1)
+    ax.set_yticks([y for _, y in rows], [name for name, _ in rows])
+    ax.set_ylim(-0.6 if stream_times else 0.4, 3.2)
+    ax.set_xlabel("time since the request was submitted (ms)")
+    ax.set_title("One request on a timeline: stages (top), token timestamps (middle)"
+                 + (", stream deltas (bottom)" if stream_times else ""))
+    ax.legend(fontsize=8, ncols=len(spans), loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+# ---- static batching (notebook 05; reused by 07) ----
+
+# Slot states of an occupancy timeline, and their colours: blue is useful work, warm colours are waste.
+SLOT_COLORS: dict[str, str] = {
+    "empty": "#ffffff",
+    "useful: prompt (prefill)": "#08519c",
+    "useful: decode": "#6baed6",
+    "padding": "#fd8d3c",
+    "finished, still computed": "#d62728",
+}
+WASTE_COLORS: dict[str, str] = {"useful": "#3182bd", "padding": "#fd8d3c", "idle": "#d62728"}
