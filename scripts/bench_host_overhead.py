@@ -118,7 +118,7 @@ def measure_engine(llm: LLM, prompts: list[list[int]], params: SamplingParams, c
             cell.host_stages.append(sum(st.stage_times.get(k, 0.0) for k in HOST_STAGES))
             if prev is not None:
                 cell.period.append(st.end - prev.end)
-    if getattr(llm.engine.config, "async_scheduling", False):
+    if llm.engine.async_scheduling:
         return
     prof = profile_engine(llm, prompts, params, logdir=logdir, warmup=False)
     prof.trace_path.unlink()  # traces are tens of MB at batch 32; the analysis is all we keep

@@ -7,11 +7,13 @@ float64 so scheduling never changes a token: every request must stream exactly w
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from labkit import LLM, SamplingParams
 from labkit.bench.runner import run_sync
+from labkit.engine.base import StepFailedError
 from labkit.serving import AsyncLLM, EngineDeadError, ServerMetrics, TokenDelta
 
 PROMPTS = ["Once upon a time", "The little fox", "One day, Lily went to the park", "There once was a kind seal"]
@@ -152,37 +154,33 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(engine: 
     assert len(run_sync(collect(engine, PROMPTS[1]))) == 12 and engine.is_running
 
 
-class _StepFailed(RuntimeError):
-    """The contract of an engine that contains faults: the failed sequences are named and already out."""
-
-    def __init__(self, failed: list) -> None:  # type: ignore[type-arg]
-        super().__init__("device lost")
-        self.failed = failed
-        self.cause = self
-
-
 def test_a_contained_step_failure_fails_only_the_named_requests(engine: AsyncLLM, llm: LLM, offline: list[list[int]],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     real_step = llm.engine.step
     calls = {"n": 0}
+    victim = engine.make_request(PROMPTS[3], GREEDY)
 
     def step_failing_one():  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        queued = list(llm.engine.scheduler.running) + list(llm.engine.scheduler.waiting)
-        victims = [s for s in queued if s.prompt == PROMPTS[3]]
-        if calls["n"] == 4 and victims:
-            llm.engine.abort_request(victims[0].seq_id)  # what a fault-containing engine does for its failed ones
-            raise _StepFailed(victims)
+        if calls["n"] == 4 and victim.seq_id in llm.engine.unfinished_seq_ids():
+            # What a fault-containing engine does (StepFailedError's contract): the failed sequence is out of
+            # the engine, its memory returned, finished with reason "error"; the others are untouched.
+            cause = RuntimeError("device lost")
+            llm.engine.abort_request(victim.seq_id)
+            victim.fail(cause, calls["n"] - 1, time.perf_counter())
+            raise StepFailedError(calls["n"] - 1, [victim], cause)
         return real_step()
 
     monkeypatch.setattr(llm.engine, "step", step_failing_one)
 
     async def main() -> tuple[object, object]:
-        return tuple(await asyncio.gather(collect(engine, PROMPTS[0]), collect(engine, PROMPTS[3]),
-                                          return_exceptions=True))
+        async def victim_deltas() -> list[TokenDelta]:
+            return [d async for d in engine.generate(victim)]
 
-    survivor, victim = run_sync(main())
-    assert isinstance(victim, RuntimeError) and "device lost" in str(victim)
+        return tuple(await asyncio.gather(collect(engine, PROMPTS[0]), victim_deltas(), return_exceptions=True))
+
+    survivor, failed = run_sync(main())
+    assert isinstance(failed, RuntimeError) and "device lost" in str(failed)
     assert [t for d in survivor for t in d.token_ids] == offline[0]  # the other request never noticed
     assert engine.engine_state().kv_blocks_used == 0
 

@@ -24,18 +24,19 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function, tensorboard_trace_handler
 
-from labkit.engine.base import StepStats
+from labkit.engine.step import StepStats
 from labkit.llm import LLM, Prompt
 from labkit.profiling.trace_analysis import TraceAnalysis, analyze_trace
 from labkit.sampling_params import SamplingParams
-from labkit.sequence import Sequence
 
 TRACE_SUFFIX = ".pt.trace.json"  # the plugin finds runs by this suffix
 
@@ -75,37 +76,26 @@ def _run_name(logdir: Path, wanted: str) -> str:
     return name
 
 
-def _params_list(params: SamplingParams | Seq[SamplingParams] | None, n: int) -> list[SamplingParams]:
-    if params is None or isinstance(params, SamplingParams):
-        return [params or SamplingParams()] * n
-    params = list(params)
-    if len(params) != n:
-        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts; give one, or one per prompt")
-    return params
-
-
 def drive(llm: LLM, prompts: Seq[Prompt], params: Seq[SamplingParams],
           before_step: Callable[[], None] | None = None) -> list[str]:
     """Queue every prompt, step the engine until all are done, stream each request's new text after every step.
 
-    A server's engine loop in miniature (notebook 09), with the driver's work in named ranges.
-    ``before_step`` runs before every engine step (the profiler's ``step()``, which marks steps for TensorBoard).
+    A server's engine loop in miniature (notebook 09), run by ``LLMEngine`` like every other front end,
+    with the driver's work in named ranges. ``before_step`` runs before every engine step (the profiler's
+    ``step()``, which marks steps for TensorBoard). Raises ``RequestFailedError`` if a step failed a request.
     """
-    try:
-        with record_function("labkit::tokenize"):
-            seqs: list[Sequence] = [s for p, sp in zip(prompts, params) for s in llm.add_request(p, sp)]
-        texts = {s.seq_id: "" for s in seqs}
-        while llm.engine.has_unfinished_requests():
-            if before_step is not None:
-                before_step()
-            stepped = llm.step()
+    with record_function("labkit::tokenize"):
+        groups = llm.input_processor.make_sequences(list(prompts), list(params))
+    outputs = llm.llm_engine.output_processor
+    texts = {s.seq_id: "" for g in groups for s in g}
+    with closing(llm.llm_engine.run(groups, before_step=before_step)) as steps:
+        for stepped in steps:
             with record_function("labkit::stream"):
                 for seq in stepped:
-                    texts[seq.seq_id] += seq.detokenizer.pop_delta(seq.is_finished)
-    except BaseException:
-        llm.engine.abort_all()  # an error or an interrupt must not leave requests behind in the engine
-        raise
-    return [texts[s.seq_id] for s in seqs]
+                    if seq.seq_id in texts:
+                        texts[seq.seq_id] += outputs.pop_delta(seq)
+    outputs.make_outputs(groups)
+    return [texts[s.seq_id] for g in groups for s in g]
 
 
 def profile_engine(
@@ -124,17 +114,14 @@ def profile_engine(
     ``logdir/run_name/``. ``record_shapes`` / ``with_stack`` make the trace richer and the run slower.
     ``warmup`` first runs one short untraced request, so one-off start-up costs stay out of the trace.
     """
-    if getattr(llm.engine.config, "async_scheduling", False):
+    if llm.engine.async_scheduling:
         raise ValueError("profile_engine cannot trace an engine with async_scheduling=True: its forward pass runs on "
                          "a worker thread, whose operators torch.profiler does not record, so the trace would show a "
                          "device that never works. Profile the same engine with async_scheduling=False (its steps "
                          "compute the same), and compare wall time per step to see what the overlap saves")
-    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-        prompts = [prompts]  # type: ignore[list-item]
-    prompts = list(prompts)  # type: ignore[arg-type]
+    prompts, plist = llm.input_processor.broadcast(prompts, params)
     if not prompts:
         raise ValueError("profile_engine needs at least one prompt")
-    plist = _params_list(params, len(prompts))
     root = Path(logdir) if logdir is not None else Path(tempfile.mkdtemp(prefix="labkit-profile-"))
     root.mkdir(parents=True, exist_ok=True)
     name = _run_name(root, run_name or f"{llm.engine_name}_{llm.source.name}")

@@ -10,6 +10,7 @@ notebook 01 (``01_anatomy_of_a_request``); later notebooks trace other engines t
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 
 from labkit.llm import LLM, Prompt
@@ -89,8 +90,9 @@ def _check_idle(llm: LLM) -> None:
 def trace_request(llm: LLM, prompt: Prompt, params: SamplingParams | None = None) -> RequestTrace:
     """Run one request to completion, one engine step at a time, and return its timeline.
 
-    The output is the same as ``llm.generate(prompt, params)`` (same engine, same sampling), so the
-    timings describe exactly the request a user would have run. The engine must hold no other request.
+    The output is the same as ``llm.generate(prompt, params)`` (same engine, same sampling, the same
+    ``LLMEngine`` loop), so the timings describe exactly the request a user would have run. The engine
+    must hold no other request. If an engine step fails the request, ``RequestFailedError`` is raised.
     """
     params = params or SamplingParams()
     if params.n != 1:
@@ -99,23 +101,23 @@ def trace_request(llm: LLM, prompt: Prompt, params: SamplingParams | None = None
     submit = time.perf_counter()
     ids = llm.encode(prompt)  # the tokenize stage (a token-id prompt is only validated)
     tokenize_time = time.perf_counter() - submit
-    # LLM builds and queues the Sequence (detokenizer, stop rules) from the ids, as generate would.
-    (seq,) = llm.add_request(ids, params)
-    seq.metrics.arrival_time = submit  # the request arrived before it was tokenized, as in generate
+    # The input processor builds the Sequence (detokenizer, stop rules) from the ids, as generate would.
+    (group,) = llm.input_processor.make_sequences([ids], [params], submit)
+    (seq,) = group
     if isinstance(prompt, str):
         seq.prompt = prompt
     trace = RequestTrace(prompt_token_ids=list(ids), output_token_ids=[], text="", finish_reason=None,
                          submit_time=submit, tokenize_time=tokenize_time, metrics=seq.metrics)
-    engine = llm.engine
-    try:
-        while not seq.is_finished:
-            num_stats = len(engine.step_stats)
-            had_output = seq.num_output_tokens
-            engine.step()
+    engine, outputs = llm.engine, llm.llm_engine.output_processor
+    num_stats, had_output = len(engine.step_stats), 0
+    # The request arrived before it was tokenized (start=submit), as in generate.
+    with closing(llm.llm_engine.run([group], start=submit)) as steps:
+        for _ in steps:
+            if seq.error is not None:  # its step failed (no StepStats to read): make_outputs below raises
+                break
             if len(engine.step_stats) != num_stats + 1:
                 raise RuntimeError(f"engine {llm.engine_name!r} ran a step without recording its StepStats")
             stats = engine.step_stats[-1]
-            delta = seq.detokenizer.pop_delta(seq.is_finished)
             trace.steps.append(StepRecord(
                 index=len(trace.steps),
                 phase="prefill" if had_output == 0 else "decode",
@@ -123,11 +125,10 @@ def trace_request(llm: LLM, prompt: Prompt, params: SamplingParams | None = None
                 num_computed_tokens=stats.num_computed_tokens,
                 stage_times=dict(stats.stage_times),
                 token_id=seq.output_token_ids[-1] if seq.num_output_tokens > had_output else None,
-                text_delta=delta,
+                text_delta=outputs.pop_delta(seq),
             ))
-    except BaseException:
-        engine.abort_request(seq.seq_id)  # never leave a half-run request behind in the engine
-        raise
+            num_stats, had_output = len(engine.step_stats), seq.num_output_tokens
+    outputs.make_outputs([group])  # raises RequestFailedError if an engine step failed it
     trace.output_token_ids = list(seq.output_token_ids)
     trace.text = seq.text
     trace.finish_reason = seq.finish_reason.value if seq.finish_reason else None

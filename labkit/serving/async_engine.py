@@ -5,11 +5,13 @@ work like that. Requests arrive while the engine is mid-run, each wants its toke
 a client may leave at any moment. vLLM's ``AsyncLLM`` splits the two sides; so does this one:
 
 * **the engine thread** loops forever: drain the command queue (add / abort / snapshot), run one
-  ``engine.step()``, hand each new token to its request's stream. It is the *only* thread that touches
-  the engine, so the scheduler's queues never change under a running step;
-* **the asyncio side** (the web server's event loop) tokenizes and validates a request, puts an
-  "add" command on the queue and awaits the request's ``asyncio.Queue``. Tokens cross threads with
-  ``loop.call_soon_threadsafe`` (an asyncio queue is not thread-safe).
+  ``LLMEngine.step()`` (the step every front end shares: a failed step fails only its own requests),
+  hand each new token to its request's stream. It is the *only* thread that touches the engine, so
+  the scheduler's queues never change under a running step;
+* **the asyncio side** (the web server's event loop) tokenizes and validates a request with the
+  ``LLM``'s input processor, puts an "add" command on the queue and awaits the request's
+  ``asyncio.Queue``. Tokens cross threads with ``loop.call_soon_threadsafe`` (an asyncio queue is
+  not thread-safe).
 
 When a consumer stops early (a client disconnects, ``break``, cancellation), ``generate`` sends an
 "abort": the engine thread drops the request before its next step and its KV blocks go back to the
@@ -29,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labkit.llm import LLM
-from labkit.sampling_params import SamplingParams
-from labkit.sequence import Sequence, SequenceStatus
 from labkit.metrics.prometheus import EngineState, ServerMetrics
+from labkit.sampling_params import SamplingParams
+from labkit.sequence import FinishReason, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,13 @@ class AsyncLLM:
 
     def __init__(self, llm: LLM, metrics: ServerMetrics | None = None, idle_wait: float = 0.05) -> None:
         self.llm = llm
+        self.llm_engine = llm.llm_engine
         self.metrics = metrics
         self.idle_wait = idle_wait  # seconds the idle engine thread sleeps between checks for work
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._streams: dict[int, _Stream] = {}  # engine thread only
-        self._make_lock = threading.Lock()  # LLM's request counter and RNG are not thread-safe
         self._thread: threading.Thread | None = None
         self.num_steps = 0
         self.last_error: BaseException | None = None
@@ -134,8 +136,7 @@ class AsyncLLM:
         """Tokenize and validate one request (raises ValueError/TypeError naming the problem). n must be 1."""
         if params.n != 1:
             raise ValueError(f"AsyncLLM serves one completion per request (n=1), got n={params.n}")
-        with self._make_lock:
-            (group,) = self.llm._make_sequences([prompt], [params])  # same checks as LLM.generate
+        (group,) = self.llm_engine.input_processor.make_sequences([prompt], [params])  # LLM.generate's checks
         return group[0]
 
     async def generate(self, prompt: str | list[int] | Sequence, params: SamplingParams | None = None
@@ -180,18 +181,17 @@ class AsyncLLM:
     # ---- the engine thread ----
 
     def _loop(self) -> None:
-        engine = self.llm.engine
         while not self._stop.is_set():
             self._drain()
-            if not engine.has_unfinished_requests():
+            if not self.llm_engine.has_unfinished_requests():
                 self._wake.wait(self.idle_wait)  # nothing to do: sleep until a command arrives
                 self._wake.clear()
                 continue
             try:
-                stepped = engine.step()
-            except Exception as exc:  # a broken step must not take the server down
+                stepped = self.llm_engine.step()  # a failed step's requests come back finished ("error")
+            except Exception as exc:  # noqa: BLE001  (an engine that does not contain its faults must not kill the server)
                 self.last_error = exc
-                self._fail(exc)
+                self._fail_all(exc)
                 if self.metrics is not None:
                     self.metrics.update(self._state())
                 continue
@@ -201,11 +201,10 @@ class AsyncLLM:
             ready = self._collect(stepped)
             if self.metrics is not None:  # before the tokens go out: a client that reads /metrics next sees it
                 self.metrics.update(self._state())
-            for stream, delta in ready:
-                self._post(stream, delta)
+            for stream, item in ready:
+                self._post(stream, item)
 
     def _drain(self) -> None:
-        engine = self.llm.engine
         changed = False
         while True:
             try:
@@ -214,7 +213,7 @@ class AsyncLLM:
                 break
             if cmd.kind == "add" and cmd.stream is not None:
                 seq = cmd.stream.seq
-                engine.add_request(seq)
+                self.llm_engine.add_sequences([seq])
                 self._streams[seq.seq_id] = cmd.stream
                 if self.metrics is not None:
                     self.metrics.request_added(seq.num_prompt_tokens)
@@ -229,17 +228,23 @@ class AsyncLLM:
     def _abort_now(self, request_id: int) -> bool:
         """Drop a request from the engine (its KV blocks go back now); engine thread only."""
         stream = self._streams.pop(request_id, None)
-        seq = self.llm.engine.abort_request(request_id)
+        seq = self.llm_engine.abort_request(request_id)
         if seq is not None and self.metrics is not None:
             self.metrics.request_finished("abort", None)
         return stream is not None or seq is not None
 
-    def _collect(self, stepped: list[Sequence]) -> list[tuple[_Stream, TokenDelta]]:
-        """Each stepped request's new token as a delta (finished ones leave ``_streams``)."""
-        ready = []
+    def _collect(self, stepped: list[Sequence]) -> list[tuple[_Stream, TokenDelta | BaseException]]:
+        """Each stepped request's new token as a delta, or its step's error (finished ones leave ``_streams``)."""
+        ready: list[tuple[_Stream, TokenDelta | BaseException]] = []
         for seq in stepped:
             stream = self._streams.get(seq.seq_id)
             if stream is None:
+                continue
+            if seq.finish_reason == FinishReason.ERROR:  # its step failed; the engine already dropped it
+                del self._streams[seq.seq_id]
+                if self.metrics is not None:
+                    self.metrics.request_finished("error", None)
+                ready.append((stream, RuntimeError(f"the {seq.error}")))
                 continue
             new = seq.output_token_ids[stream.num_emitted:]
             if not new:
@@ -247,7 +252,7 @@ class AsyncLLM:
             stream.num_emitted = seq.num_output_tokens
             reason = seq.finish_reason.value if seq.finish_reason is not None else None
             delta = TokenDelta(request_id=seq.seq_id, token_ids=list(new),
-                               text=seq.detokenizer.pop_delta(seq.is_finished), finished=seq.is_finished,
+                               text=self.llm_engine.output_processor.pop_delta(seq), finished=seq.is_finished,
                                finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
                                num_output_tokens=seq.num_output_tokens, time=seq.metrics.token_times[-1])
             if self.metrics is not None:
@@ -267,35 +272,26 @@ class AsyncLLM:
             if threading.current_thread() is self._thread and not stream.seq.is_finished:
                 self._abort_now(stream.seq.seq_id)
 
-    def _fail(self, exc: BaseException) -> None:
-        """Fail the requests a broken step took down; the others keep going.
-
-        An engine that contains faults says which sequences failed (``exc.failed``, already out of the
-        engine); otherwise nothing is known to be consistent, so every request is aborted.
-        """
-        failed = getattr(exc, "failed", None)
-        if failed is None:
-            self.llm.engine.abort_all()
-            ids = list(self._streams)
-        else:
-            ids = [s.seq_id for s in failed if s.seq_id in self._streams]
-        cause = getattr(exc, "cause", exc)
-        for request_id in ids:
-            stream = self._streams.pop(request_id)
+    def _fail_all(self, exc: BaseException) -> None:
+        """A step raised something other than ``StepFailedError``: nothing is known to be consistent, so
+        every request is aborted (its KV memory goes back) and its stream gets the error."""
+        self.llm.engine.abort_all()
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
             if self.metrics is not None:
                 self.metrics.request_finished("error", None)
-            self._post(stream, RuntimeError(f"the engine step failed: {type(cause).__name__}: {cause}"))
+            self._post(stream, RuntimeError(f"the engine step failed: {type(exc).__name__}: {exc}"))
 
     def _state(self) -> EngineState:
         engine = self.llm.engine
-        bm = getattr(engine, "block_manager", None)
+        bm = engine.block_manager
         live = [s.seq for s in self._streams.values()]
         return EngineState(
             num_running=sum(s.status == SequenceStatus.RUNNING for s in live),
             num_waiting=sum(s.status == SequenceStatus.WAITING for s in live),
             kv_blocks_used=bm.num_used_blocks if bm is not None else None,
             kv_blocks_total=bm.num_blocks if bm is not None else None,
-            num_preemptions=getattr(engine, "num_preemptions", 0),
+            num_preemptions=engine.num_preemptions,
             prefix_cache_queried_tokens=bm.num_queried_tokens if bm is not None else 0,
             prefix_cache_hit_tokens=bm.num_hit_tokens if bm is not None else 0,
             unfinished_request_ids=tuple(engine.unfinished_seq_ids()),
