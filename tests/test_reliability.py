@@ -372,10 +372,8 @@ def test_a_fault_while_scheduling_fails_what_was_running(tiny: Path, reference: 
     want = reference(PROMPTS, params)
     engine_obj = llm.engine
     running: list[Sequence] = []
-    if engine in ("continuous", "chunked"):
+    if engine in PAGED:
         target, name = engine_obj.scheduler, "schedule"  # type: ignore[attr-defined]
-    elif engine == "paged":
-        target, name = engine_obj, "_schedule"
     else:
         target, name = engine_obj, "_start_batch"  # kvcache: the third static batch fails as it starts
     real = getattr(target, name)

@@ -133,12 +133,12 @@ class AsyncEngineCore(EngineCore):
                          num_prefill_tokens=step.num_prefill_tokens, kv_blocks_used=step.kv_blocks_used)
         return done
 
-    def _fail_step(self, exc: BaseException) -> list[Sequence]:
+    def _fail_step(self, exc: BaseException) -> tuple[list[Sequence], list[Sequence]]:
         self._drain_in_flight()  # its blocks may be about to be freed: let the device finish with them first
-        failed = super()._fail_step(exc)
+        failed, finished = super()._fail_step(exc)
         for seq in failed:
             seq.num_pending_tokens = 0
-        return failed
+        return failed, finished
 
     def _drain_in_flight(self) -> None:
         """Wait for a launched step and drop its tokens (its sequences are failing or aborted)."""

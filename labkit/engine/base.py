@@ -30,15 +30,18 @@ FaultHook = Callable[[list[Sequence]], None]
 
 class StepFailedError(RuntimeError):
     """An engine step raised. Its sequences (``failed``) are finished with reason "error" and hold no
-    memory any more; every other request is untouched and the engine keeps serving. Notebook 07."""
+    memory any more; every other request is untouched and the engine keeps serving. ``finished``: sequences of
+    that step that had already finished normally before the fault (their output is complete). Notebook 07."""
 
-    def __init__(self, step: int, failed: list[Sequence], cause: BaseException) -> None:
+    def __init__(self, step: int, failed: list[Sequence], cause: BaseException,
+                 finished: list[Sequence] | None = None) -> None:
         ids = ", ".join(str(s.seq_id) for s in failed) or "none"
         super().__init__(f"engine step {step} failed with {type(cause).__name__}: {cause}; "
                          f"failed its {len(failed)} sequence(s) (ids {ids}), the engine keeps serving the rest")
         self.step = step
         self.failed = failed
         self.cause = cause
+        self.finished = finished or []
 
 
 class Engine(ABC):
@@ -110,10 +113,10 @@ class Engine(ABC):
             try:
                 done = self._step()
             except BaseException as exc:
-                failed = self._fail_step(exc)
+                failed, finished = self._fail_step(exc)
                 self.check_invariants()
                 if isinstance(exc, Exception):
-                    raise StepFailedError(self.num_steps - 1, failed, exc) from exc
+                    raise StepFailedError(self.num_steps - 1, failed, exc, finished) from exc
                 raise  # KeyboardInterrupt, SystemExit: the step's sequences were aborted
             finally:
                 self._scheduled = None
@@ -126,21 +129,23 @@ class Engine(ABC):
         if self.fault_hook is not None:
             self.fault_hook(list(seqs))
 
-    def _fail_step(self, exc: BaseException) -> list[Sequence]:
-        """Take the failed step's sequences out of the engine (memory returned) and finish them."""
+    def _fail_step(self, exc: BaseException) -> tuple[list[Sequence], list[Sequence]]:
+        """Take the failed step's sequences out of the engine (memory returned) and finish them. Returns the
+        ones it failed, and the ones that had finished normally in this step before the fault."""
         affected = self._scheduled if self._scheduled is not None else self.running_sequences()
         now = time.perf_counter()
-        failed = []
+        failed, finished = [], []
         for seq in affected:
-            was_finished = seq.is_finished
-            if not was_finished:
+            if seq.is_finished:
+                finished.append(seq)
+            else:
                 if isinstance(exc, Exception):
                     seq.fail(exc, self.num_steps - 1, now)
                 else:
                     seq.abort(now)
                 failed.append(seq)
             self._drop(seq)  # also for one that finished this step before the fault: its memory goes back
-        return failed
+        return failed, finished
 
     @abstractmethod
     def _step(self) -> list[Sequence]: ...
