@@ -21,8 +21,9 @@ $(STAMP): requirements.txt pyproject.toml
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ip=127.0.0.1 --allow-root --notebook-dir=notebooks
 
-## Run every test: unit tests, then every notebook under nbval in smoke mode.
+## Run every test: the linter, unit tests, then every notebook under nbval in smoke mode.
 test: $(STAMP)
+	$(BIN)/ruff check labkit tests scripts
 	LABKIT_SMOKE=1 $(BIN)/python -m pytest
 
 ## Strip outputs from every notebook (before committing).
