@@ -94,6 +94,19 @@ def plot_roofline(roof: DeviceRoof, points: Sequence[RooflinePoint] | None = Non
     return ax
 
 
+# ---- static batching (notebook 05; reused by 07) ----
+
+# Slot states of an occupancy timeline, and their colours: blue is useful work, warm colours are waste.
+SLOT_COLORS: dict[str, str] = {
+    "empty": "#ffffff",
+    "useful: prompt (prefill)": "#08519c",
+    "useful: decode": "#6baed6",
+    "padding": "#fd8d3c",
+    "finished, still computed": "#d62728",
+}
+WASTE_COLORS: dict[str, str] = {"useful": "#3182bd", "padding": "#fd8d3c", "idle": "#d62728"}
+
+
 def plot_slot_occupancy(occupancy: SlotOccupancy, ax: Axes | None = None, step_times: Sequence[float] | None = None,
                         title: str | None = None, sub_rows: int = 8) -> Axes:
     """Slot-occupancy timeline: x = engine step (or time), y = batch slot, colour = what the slot computed.

@@ -116,16 +116,3 @@ def plot_request_timeline(trace: RequestTrace, stream_times: Sequence[float] | N
     ax.legend(fontsize=8, ncols=len(spans), loc="lower right")
     ax.grid(True, axis="x", alpha=0.3)
     return ax
-
-
-# ---- static batching (notebook 05; reused by 07) ----
-
-# Slot states of an occupancy timeline, and their colours: blue is useful work, warm colours are waste.
-SLOT_COLORS: dict[str, str] = {
-    "empty": "#ffffff",
-    "useful: prompt (prefill)": "#08519c",
-    "useful: decode": "#6baed6",
-    "padding": "#fd8d3c",
-    "finished, still computed": "#d62728",
-}
-WASTE_COLORS: dict[str, str] = {"useful": "#3182bd", "padding": "#fd8d3c", "idle": "#d62728"}
