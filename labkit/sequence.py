@@ -11,9 +11,9 @@ from enum import Enum
 
 import torch
 
-from labkit.text.detokenizer import IncrementalDetokenizer
 from labkit.metrics.request import RequestMetrics
 from labkit.sampling_params import SamplingParams
+from labkit.text.detokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(Enum):

@@ -21,8 +21,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from labkit.device import resolve_device, resolve_dtype  # noqa: E402
 from labkit.analysis.hardware import device_name  # noqa: E402
+from labkit.device import resolve_device, resolve_dtype  # noqa: E402
 
 
 @dataclass(frozen=True)

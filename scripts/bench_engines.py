@@ -52,14 +52,15 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
+from bench_common import OtherLoad, md_table, timed  # noqa: E402  (scripts/ is on sys.path)
+
 from labkit import LLM, SamplingParams  # noqa: E402
+from labkit.analysis.hardware import device_name  # noqa: E402
 from labkit.attention import TorchAttentionBackend  # noqa: E402
 from labkit.device import resolve_device, synchronize  # noqa: E402
-from labkit.analysis.hardware import device_name  # noqa: E402
-from labkit.model.source import bundled_model_path  # noqa: E402
 from labkit.metrics.summary import Run, run_workload, summarize  # noqa: E402
+from labkit.model.source import bundled_model_path  # noqa: E402
 from labkit.text.tokenizer import load_tokenizer  # noqa: E402
-from bench_common import OtherLoad, md_table, timed  # noqa: E402  (scripts/ is on sys.path)
 from labkit.workbook.workloads import (  # noqa: E402
     Workload,
     load_workload,
@@ -338,7 +339,7 @@ def chunk_experiment(sizes: Sizes, device: str) -> tuple[list[ChunkRow], float, 
                 max(st.num_computed_tokens for st in run.step_stats)))
     rows = []
     for name, reps in per_run.items():
-        med = lambda f: statistics.median(f(r) for r in reps)  # noqa: E731
+        med = lambda f, reps=reps: statistics.median(f(r) for r in reps)  # noqa: E731
         rows.append(ChunkRow(name, med(lambda r: r.itl_p99), med(lambda r: r.itl_p50), med(lambda r: r.short_itl_max),
                              med(lambda r: r.ttft_long), med(lambda r: r.throughput), reps[0].max_step_tokens))
     return rows, decode_step, arrivals[sizes.num_short :], last
@@ -622,7 +623,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--skip-transformers", action="store_true", help="labkit's engines only")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="rounds of part 1 (default 3, --smoke 1); the report shows medians and every round's ratio")
+                        help="rounds of part 1 (default 3, --smoke 1); the report shows medians and every "
+                             "round's ratio")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -11,7 +11,8 @@ batches of 1 and 32 requests (prompts of 16 tokens, every request decoding to ``
 
 1. **Host time per decode step and its share of the step**, for each host-side option the engine exposes on
    this device, side by side: ``prepare_inputs="loop"`` (per-token Python input preparation) against
-   ``"vectorized"`` (the default), and on CUDA also ``enforce_eager=False`` (CUDA graphs). Host time comes from a ``torch.profiler`` trace (``labkit.profiling``): the
+   ``"vectorized"`` (the default), and on CUDA also ``enforce_eager=False`` (CUDA graphs). Host time comes from a
+   ``torch.profiler`` trace (``labkit.profiling``): the
    part of each step in which the device had no work (on a CPU: the step minus the aten operators of the
    forward pass; see ``labkit/profiling/trace_analysis.py``). Tracing slows every operator a little, so the
    untraced step time of the same configuration is reported beside it, and an estimate of the untraced host
@@ -40,15 +41,15 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
+from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
+
 from labkit import LLM, SamplingParams  # noqa: E402
-from labkit.device import synchronize  # noqa: E402
 from labkit.analysis.hardware import DeviceRoof, probe  # noqa: E402
+from labkit.analysis.roofline import decode_cost, mbu  # noqa: E402
+from labkit.device import synchronize  # noqa: E402
 from labkit.model.source import bundled_model_path  # noqa: E402
 from labkit.profiling import profile_engine  # noqa: E402
-from labkit.analysis.roofline import decode_cost, mbu  # noqa: E402
 from labkit.workbook.workloads import prompt_ids_of_length  # noqa: E402
-
-from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "host_overhead.md"
 HOST_STAGES = ("schedule", "prepare", "sample", "detokenize")  # the StageClock stages outside the forward pass

@@ -39,17 +39,17 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
+from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
+
 from labkit import LLM, SamplingParams  # noqa: E402
-from labkit.cache import ContiguousKVCache  # noqa: E402
-from labkit.device import synchronize  # noqa: E402
 from labkit.analysis.hardware import DeviceRoof, probe  # noqa: E402
-from labkit.model import CausalLM  # noqa: E402
-from labkit.model.attention import sdpa  # noqa: E402
 from labkit.analysis.roofline import StepCost, decode_cost, mbu  # noqa: E402
 from labkit.analysis.timing import time_fn  # noqa: E402
+from labkit.cache import ContiguousKVCache  # noqa: E402
+from labkit.device import synchronize  # noqa: E402
+from labkit.model import CausalLM  # noqa: E402
+from labkit.model.attention import sdpa  # noqa: E402
 from labkit.workbook.workloads import prompt_ids_of_length  # noqa: E402
-
-from bench_common import Hardware, OtherLoad, bench_parser, finish_report, md_table, report_header, start_bench  # noqa: E402  (scripts/ is on sys.path)
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "kvcache.md"
 
@@ -272,7 +272,7 @@ def measure_breakdown(model: CausalLM, context: int, num_steps: int) -> Breakdow
             x @ w_t  # (1, in) @ (in, out)
 
     floor_t = statistics.median(time_fn(matmuls_t, dev, repeats=max(5, num_steps), warmup=2))
-    del weights_t
+    weights_t.clear()  # free the copies before the attention measurements
 
     # The attention call at this context, as labkit makes it and as one fused GQA call.
     cfg = model.config

@@ -239,7 +239,7 @@ def measure_prefix_caching(device: torch.device, dtype: torch.dtype, sizes: Size
         })
     results = {}
     for caching, rounds in per_round.items():
-        def med(key: str) -> float:
+        def med(key: str, rounds: list = rounds) -> float:  # type: ignore[type-arg]
             return statistics.median(float(x[key]) for x in rounds)  # type: ignore[arg-type]
         results[caching] = PrefixResult(caching, float(rounds[0]["first"]), med("mean"),  # type: ignore[arg-type]
                                         med("median"), med("p90"), med("prefill"), med("hit"), med("seconds"),
@@ -422,7 +422,8 @@ def report(command: str, hw: Hardware, sizes: Sizes, wl: Workload, life: dict[st
         "",
         f"## 1. KV memory waste on {wl.name}",
         "",
-        f"{wl.summary()}. Accounting by `labkit.analysis.kv_memory.kv_memory_usage`: every step of every request's life "
+        f"{wl.summary()}. Accounting by `labkit.analysis.kv_memory.kv_memory_usage`: every step of every "
+        "request's life "
         "counts (during step s a request holds prompt_len + s tokens' K/V), so a slot wasted for 50 steps counts 50 "
         f"times; *at peak* counts each request once, at its longest. max_model_len {MAX_MODEL_LEN}.",
         "",

@@ -29,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout, not installed
 from labkit.workbook.workloads import WORKLOADS_DIR, Workload, lognormal_lengths, uniform_lengths  # noqa: E402
 
-
 # name -> how to build it; the file is data/workloads/<name>.jsonl
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "heterogeneous_64": lambda: lognormal_lengths(

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def gather(bundle: Path, root: Path = ROOT, pip_args: list[str] | None = None) -
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "implementation": platform.python_implementation(),
         "platform": sysconfig.get_platform(),
-        "gathered": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gathered": datetime.now(UTC).isoformat(timespec="seconds"),
         "num_wheels": len(list(wheels.glob("*.whl"))),
         "num_workbook_files": sum(p.is_file() for p in workbook.rglob("*")),
     }

@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_memory_returned, hf_greedy
+
 from labkit import LLM, SamplingParams
 from labkit.engine.base import StepFailedError
 from labkit.llm import RequestFailedError
@@ -98,7 +98,8 @@ def test_no_position_is_computed_twice_when_lengths_are_known(tiny: Path) -> Non
         llm = LLM(str(tiny), engine="chunked", dtype="float64", async_scheduling=mode, max_num_batched_tokens=8)
         prepared = []
         real_prepare = llm.engine.runner.prepare_step
-        llm.engine.runner.prepare_step = lambda batch: prepared.append(1) or real_prepare(batch)  # type: ignore
+        llm.engine.runner.prepare_step = (  # type: ignore[method-assign]
+            lambda batch, prepared=prepared, real_prepare=real_prepare: prepared.append(1) or real_prepare(batch))
         llm.generate(PROMPTS, params, use_tqdm=False)
         computed[mode] = sum(s.num_computed_tokens for s in llm.engine.step_stats)
         # A request is never planned into a step that its last token makes useless (no step prepared twice).
@@ -222,7 +223,8 @@ def test_aborting_a_request_whose_step_is_running(tiny: Path, engine: str) -> No
     assert not seqs[1].block_table
     while llm.engine.has_unfinished_requests():
         llm.step()
-    assert seqs[1].finish_reason.value == "abort" and seqs[1].output_token_ids == want[1][: len(seqs[1].output_token_ids)]
+    assert seqs[1].finish_reason.value == "abort"
+    assert seqs[1].output_token_ids == want[1][: len(seqs[1].output_token_ids)]
     assert [seqs[0].output_token_ids, seqs[2].output_token_ids] == [want[0], want[2]]
     assert seqs[1].num_pending_tokens == 0
     assert_memory_returned([llm])

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit.cache.block_manager import BlockManager
-from labkit.text.detokenizer import IncrementalDetokenizer
 from labkit.metrics.request import RequestMetrics
 from labkit.sampling_params import SamplingParams
 from labkit.sequence import Sequence
+from labkit.text.detokenizer import IncrementalDetokenizer
 
 
 class _Decoder:
@@ -30,7 +30,8 @@ def compute(bm: BlockManager, seq: Sequence, n: int) -> None:
 
 
 operation = st.one_of(
-    st.tuples(st.just("add"), st.lists(st.integers(0, 3), min_size=1, max_size=20)),  # few token values: many shared prefixes
+    # few token values: many shared prefixes
+    st.tuples(st.just("add"), st.lists(st.integers(0, 3), min_size=1, max_size=20)),
     st.tuples(st.just("append"), st.integers(0, 50)),
     st.tuples(st.just("fork"), st.integers(0, 50)),
     st.tuples(st.just("free"), st.integers(0, 50)),

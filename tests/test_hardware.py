@@ -7,8 +7,8 @@ import math
 import torch
 
 from labkit.analysis.hardware import DeviceRoof, attainable_flops, probe
-from labkit.workbook.profile import pick_profile, smoke_mode
 from labkit.analysis.timing import time_fn
+from labkit.workbook.profile import pick_profile, smoke_mode
 
 
 def test_probe_measures_positive_finite_roofs(tmp_path) -> None:

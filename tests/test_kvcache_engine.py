@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import RANDOM_KINDS, hf_greedy
-from labkit import LLM, SamplingParams
 from test_naive_engine import PROMPTS
+
+from labkit import LLM, SamplingParams
 
 MIXED = [[1, 40, 41, 42, 43], [1, 99, 7], list(range(3, 40)), [1, 5]]
 

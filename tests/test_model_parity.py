@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import RANDOM_KINDS, hf_model
+
 from labkit.model import CausalLM, ModelConfig, load_checkpoint
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import RANDOM_KINDS, hf_greedy
+
 from labkit import ENGINES, LLM, SamplingParams
 
 PROMPTS = [

@@ -17,7 +17,8 @@ def test_there_are_notebooks() -> None:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_has_no_outputs(path: Path) -> None:
     nb = json.loads(path.read_text())
-    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+    dirty = [i for i, c in enumerate(nb["cells"])
+             if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
     assert not dirty, f"{path.name}: cells {dirty} have outputs; run `make clean-notebooks`"
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from conftest import RANDOM_KINDS, hf_greedy
+
 from labkit import ENGINES, LLM, SamplingParams
 from labkit.workbook.corpus import long_text, story_prompts
 

@@ -1,4 +1,5 @@
-"""labkit.workbook.reset: a notebook goes back to its original (git HEAD, else .pristine/), the learner's copy is kept."""
+"""labkit.workbook.reset: a notebook goes back to its original (git HEAD, else .pristine/), the learner's copy is
+kept."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from labkit.workbook.reset import BACKUP_DIR, PRISTINE_DIR, ResetError, find_notebook, main, reset_notebook, snapshot, status
+from labkit.workbook.reset import (
+    BACKUP_DIR,
+    PRISTINE_DIR,
+    ResetError,
+    find_notebook,
+    main,
+    reset_notebook,
+    snapshot,
+    status,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ORIGINAL = json.dumps({"cells": [{"cell_type": "code", "source": "def write_kv(cache, new, start):\n    raise "

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from labkit.analysis.hardware import DeviceRoof
-from labkit.model import PRESETS, CausalLM, ModelConfig
 from labkit.analysis.roofline import (
     StepCost,
     attended_keys,
@@ -22,6 +21,7 @@ from labkit.analysis.roofline import (
     prefill_cost,
     step_cost,
 )
+from labkit.model import PRESETS, CausalLM, ModelConfig
 
 # vocab 32, hidden 8, intermediate 16, 2 layers, 4 query heads sharing 2 K/V heads of dim 2.
 TINY = ModelConfig(

@@ -3,9 +3,9 @@
 Random prompt lengths (some sharing a prefix, for the prefix cache, some repeating a few tokens, so
 equal blocks follow different prefixes), random sampling parameters
 (greedy, temperature, top-k, top-p, seeds, n > 1, stop strings and stop tokens), arrivals spread over
-the run, aborts, and injected step faults (with and without async scheduling), on a pool barely larger than the largest request: requests
-wait, get preempted and are recomputed. The block manager's invariants are checked after every step
-(``debug_checks``); at the end every request has finished and every block is free. Every completion
+the run, aborts, and injected step faults (with and without async scheduling), on a pool barely larger than the
+largest request: requests wait, get preempted and are recomputed. The block manager's invariants are checked after
+every step (``debug_checks``); at the end every request has finished and every block is free. Every completion
 must equal a reference run of the same requests in static batches over a contiguous cache (float64,
 so no schedule may change a token, sampled ones included: each sequence has its own seeded generator);
 aborted and failed ones must be a prefix of it. The run is step-driven, so it is deterministic.

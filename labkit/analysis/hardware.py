@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from labkit.device import resolve_device, resolve_dtype
 from labkit.analysis.timing import time_fn
+from labkit.device import resolve_device, resolve_dtype
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
 FULL_BUFFER_BYTES = {True: 2 << 30, False: 512 << 20}  # full-size probe buffers: on CUDA, elsewhere

@@ -112,7 +112,8 @@ def uniform_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torc
 
 
 class DecodeOnlyAttention:
-    """The attention of a CUDA-graph decode step: like a backend's ``attend``, but for a decode step held entirely in tensors (no Python lists), so that a CUDA
+    """The attention of a CUDA-graph decode step: like a backend's ``attend``, but for a decode step held entirely in
+    tensors (no Python lists), so that a CUDA
     graph can capture it once and replay it with new contents in the same buffers. Notebook 10."""
 
     def __init__(self, pool: PagedKVPool, slot_mapping: torch.Tensor, tables: torch.Tensor,

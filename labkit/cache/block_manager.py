@@ -253,7 +253,8 @@ class BlockManager:
         assert not free & set(self.evictable), "a block is both free and evictable"
         for block in self.blocks:
             in_free = block.block_id in free or block.block_id in self.evictable
-            assert (block.ref_count == 0) == in_free, f"block {block.block_id}: ref_count {block.ref_count}, free={in_free}"
+            assert (block.ref_count == 0) == in_free, (
+                f"block {block.block_id}: ref_count {block.ref_count}, free={in_free}")
         assert self.num_free_blocks + sum(b.ref_count > 0 for b in self.blocks) == self.num_blocks
         for h, block_id in self.hash_to_block_id.items():
             assert self.blocks[block_id].block_hash == h, f"hash table points at block {block_id} with another hash"

@@ -5,7 +5,7 @@
 
 from labkit.engine.base import Engine
 from labkit.engine.config import EngineConfig
-from labkit.engine.step import StepStats
 from labkit.engine.registry import ENGINES, create_engine, default_engine
+from labkit.engine.step import StepStats
 
 __all__ = ["ENGINES", "Engine", "EngineConfig", "StepStats", "create_engine", "default_engine"]

@@ -29,11 +29,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from labkit.engine.config import EngineConfig
 from labkit.engine.core import EngineCore
 from labkit.engine.model_runner import StepInputs
 from labkit.engine.sched.output import SchedulerOutput
 from labkit.engine.step import StageClock
-from labkit.engine.config import EngineConfig
 from labkit.model import CausalLM
 from labkit.sequence import Sequence
 

@@ -37,7 +37,8 @@ def resolve_class(option: str, value: object, base: type[T]) -> type[T]:
     if isinstance(value, str):
         module_name, _, attr = value.rpartition(".")
         if not module_name:
-            raise ValueError(f"{option} must be a class or an import path like 'mymodule.{base.__name__}', got {value!r}")
+            raise ValueError(f"{option} must be a class or an import path like 'mymodule.{base.__name__}', "
+                             f"got {value!r}")
         try:
             value = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:

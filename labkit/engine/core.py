@@ -68,7 +68,8 @@ class EngineCore(Engine):
         self.num_blocks = pool_num_blocks(model, self.config)
         # One block more than the manager hands out: the scratch block padded CUDA-graph rows write to.
         self.pool = PagedKVPool(model.config, self.num_blocks + 1, self.config.block_size, model.device, model.dtype)
-        self.block_manager = self.config.block_manager_cls(self.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.block_manager = self.config.block_manager_cls(self.num_blocks, self.config.block_size,
+                                                           self.config.enable_prefix_caching)
         self.runner = ModelRunner(model, self.pool, self.block_manager, self.config.prepare_inputs,
                                   resolve_attention_backend(self.config.attention_backend))
         if not self.config.enforce_eager:
@@ -100,7 +101,9 @@ class EngineCore(Engine):
                 f"{size}) but the pool has only {self.num_blocks} ({self.num_blocks * size} tokens); shorten the "
                 "prompt or give the engine more KV memory (num_gpu_blocks / kv_cache_memory)"
             )
-        budget = seq.params.max_tokens if seq.params.max_tokens is not None else seq.max_model_len - seq.num_prompt_tokens
+        budget = seq.params.max_tokens
+        if budget is None:
+            budget = seq.max_model_len - seq.num_prompt_tokens
         # The last output token is sampled but never run through the model: it needs no KV slot.
         needed = bm.blocks_needed(seq.num_prompt_tokens + budget - 1)
         if needed > self.num_blocks:

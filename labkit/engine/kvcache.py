@@ -16,11 +16,10 @@ import torch
 
 from labkit.cache.contiguous import ContiguousKVCache
 from labkit.engine.base import Engine
-from labkit.engine.config import EngineConfig
-from labkit.engine.config import KVCacheConfig
+from labkit.engine.config import EngineConfig, KVCacheConfig
+from labkit.engine.sampler import sample
 from labkit.engine.step import StageClock
 from labkit.model import CausalLM
-from labkit.engine.sampler import sample
 from labkit.sequence import Sequence, SequenceStatus
 
 
@@ -71,7 +70,9 @@ class KVCacheEngine(Engine):
 
     def _reserved_len(self, seq: Sequence, prompt_cols: int) -> int:
         """Columns a row may need: the padded prompt plus its whole output budget."""
-        budget = seq.params.max_tokens if seq.params.max_tokens is not None else seq.max_model_len - seq.num_prompt_tokens
+        budget = seq.params.max_tokens
+        if budget is None:
+            budget = seq.max_model_len - seq.num_prompt_tokens
         return prompt_cols + budget
 
     def _start_batch(self, now: float) -> StaticBatch:

@@ -84,7 +84,8 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
-    def prepare_loop(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, list[int]]:
+    def prepare_loop(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata,
+                                                            list[int]]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -170,7 +171,8 @@ class ModelRunner:
             if self.graphs is not None and self.graphs.can_run(meta):
                 hidden = self.graphs.run(inputs.input_ids, inputs.positions, meta)  # (1, B, hidden): replayed
             else:
-                hidden = self.model(inputs.input_ids, inputs.positions, self.attention_backend(self.pool, meta))  # (1, N, hidden)
+                attention = self.attention_backend(self.pool, meta)
+                hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (1, N, hidden)
             logits = self.model.compute_logits(hidden[0, rows]) if rows else None  # (n_sampled, vocab)
         with clock.stage("sample"):
             samplers = inputs.samplers

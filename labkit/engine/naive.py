@@ -13,9 +13,9 @@ import torch
 
 from labkit.engine.base import Engine
 from labkit.engine.config import EngineConfig
+from labkit.engine.sampler import sample
 from labkit.engine.step import StageClock
 from labkit.model import CausalLM
-from labkit.engine.sampler import sample
 from labkit.sequence import Sequence, SequenceStatus
 
 

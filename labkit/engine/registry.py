@@ -38,7 +38,8 @@ def engine_class(name: str, options: dict[str, object]) -> type[Engine]:
     accepted = [f.name for f in dataclasses.fields(cls.config_class)]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ValueError(f"engine {name!r} does not take option(s) {', '.join(unknown)}; it accepts: {', '.join(accepted)}")
+        raise ValueError(f"engine {name!r} does not take option(s) {', '.join(unknown)}; "
+                         f"it accepts: {', '.join(accepted)}")
     return cls
 
 

@@ -42,7 +42,8 @@ def find_safetensors(path: Path) -> list[Path]:
             f"{path} has only pickle checkpoint files ({', '.join(pickles)}); labkit loads weights only from "
             "*.safetensors because unpickling can run arbitrary code. Convert the checkpoint to safetensors first."
         )
-    raise FileNotFoundError(f"no *.safetensors weights in {path}; a checkpoint folder needs config.json and *.safetensors")
+    raise FileNotFoundError(f"no *.safetensors weights in {path}; "
+                            "a checkpoint folder needs config.json and *.safetensors")
 
 
 def load_checkpoint(path: str | Path, device: torch.device, dtype: torch.dtype) -> CausalLM:

@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
-from labkit.workbook.plots import STAGE_COLORS
 from labkit.profiling.trace_analysis import TraceAnalysis, busy_time
+from labkit.workbook.plots import STAGE_COLORS
 
 COLORS = {**STAGE_COLORS, "stream": "#e377c2"}
 GAP_COLORS = {"between kernels": "#d62728", "host stages": "#bbbbbb", "between steps": "#555555"}

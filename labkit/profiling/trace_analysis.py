@@ -225,7 +225,7 @@ def analyze_trace(events: Sequence[Event], device_type: str | None = None,
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
     ranges = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("labkit::")]
-    steps = sorted((interval_of(e) for e in ranges if e["name"] == STEP))
+    steps = sorted(interval_of(e) for e in ranges if e["name"] == STEP)
     if not steps:
         raise ValueError("the trace has no labkit::step range; was an engine step run inside the profiler?")
     stage_ranges = sorted(((str(_stage_name(e["name"])), *interval_of(e)) for e in ranges if e["name"] != STEP),

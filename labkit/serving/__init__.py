@@ -9,11 +9,11 @@ validation), ``api_server`` (the FastAPI app), ``cli`` (``python -m labkit.servi
 ``launcher`` (start and stop a server from a notebook or a test).
 """
 
-from labkit.serving.api_server import build_app
-from labkit.serving.cli import ServerConfig, run_server
-from labkit.serving.async_engine import AsyncLLM, EngineDeadError, TokenDelta
-from labkit.serving.launcher import ServerProcess, ServerThread
 from labkit.metrics.prometheus import EngineState, ServerMetrics
+from labkit.serving.api_server import build_app
+from labkit.serving.async_engine import AsyncLLM, EngineDeadError, TokenDelta
+from labkit.serving.cli import ServerConfig, run_server
+from labkit.serving.launcher import ServerProcess, ServerThread
 from labkit.serving.protocol import ChatCompletionRequest, CompletionRequest, RequestError
 
 __all__ = [

@@ -32,8 +32,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from labkit.serving.async_engine import AsyncLLM, TokenDelta
-from labkit.serving.protocol import (ChatCompletionRequest, CompletionRequest, RequestError, chat_input,
-                                     check_lengths, completion_input, parse_request, sampling_params)
+from labkit.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestError,
+    chat_input,
+    check_lengths,
+    completion_input,
+    parse_request,
+    sampling_params,
+)
+
 
 def _usage(delta: TokenDelta) -> dict[str, int]:
     return {"prompt_tokens": delta.num_prompt_tokens, "completion_tokens": delta.num_output_tokens,

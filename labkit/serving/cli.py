@@ -20,10 +20,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from labkit.llm import LLM
+from labkit.metrics.prometheus import ServerMetrics
 from labkit.model.source import BUNDLED_MODEL
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import AsyncLLM
-from labkit.metrics.prometheus import ServerMetrics
 
 READY_LINE = "labkit.serving listening on"  # printed once the socket is bound; launchers wait for it
 

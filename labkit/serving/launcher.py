@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 
 from labkit.llm import LLM
-from labkit.serving.api_server import build_app
-from labkit.serving.cli import READY_LINE, ServerConfig, bind_socket, make_async_llm, uvicorn_server
-from labkit.serving.async_engine import AsyncLLM
 from labkit.metrics.prometheus import ServerMetrics
+from labkit.serving.api_server import build_app
+from labkit.serving.async_engine import AsyncLLM
+from labkit.serving.cli import READY_LINE, ServerConfig, bind_socket, make_async_llm, uvicorn_server
 
 
 def wait_for_health(base_url: str, timeout: float, alive: Any = None) -> None:

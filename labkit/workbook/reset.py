@@ -1,6 +1,6 @@
 """Start a notebook over: restore its original version, keeping a backup of yours. No git knowledge needed.
 
-    python -m labkit.workbook.reset 03          # notebook 03 back to its original state; yours goes to notebooks/.backups/
+    python -m labkit.workbook.reset 03          # notebook 03 as shipped; yours goes to notebooks/.backups/
     python -m labkit.workbook.reset 03 07       # several at once
     python -m labkit.workbook.reset --all       # every notebook you changed
     python -m labkit.workbook.reset --list      # which notebooks differ from the original

@@ -13,9 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from .browser_services import SCREENSHOTS_DIR, Lab, ServiceError, copy_workbook, default_tabs, ensure_chromium, \
-    running_chromium, running_jupyterlab
 from playwright.sync_api import Browser, sync_playwright
+
+from .browser_services import (
+    SCREENSHOTS_DIR,
+    Lab,
+    ServiceError,
+    copy_workbook,
+    default_tabs,
+    ensure_chromium,
+    running_chromium,
+    running_jupyterlab,
+)
 from .workbook_runner import BrowserReport
 
 REPORT = pytest.StashKey[BrowserReport]()

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
-from .browser_services import Lab
 from playwright.sync_api import Browser, BrowserContext, Page
+
+from .browser_services import Lab
 
 RUN_TIMEOUT_S = 480.0  # all cells of one notebook in smoke mode; generous for 2 shared cores
 WIDGET_TIMEOUT_S = 120.0  # a moved control until the output it drives has redrawn

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+
 from .browser_services import copy_workbook, stop_process_tree
 
 # A parent that starts a child in a session of its own (as Jupyter starts kernels), then waits.

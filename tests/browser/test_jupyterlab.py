@@ -17,9 +17,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from playwright.sync_api import Browser
+
 from .browser_services import NOTEBOOKS_DIR, SCREENSHOTS_DIR, Lab, default_tabs
 from .jupyterlab_page import NotebookPage, find_problems
-from playwright.sync_api import Browser
 from .workbook_runner import BrowserReport, NotebookResult, run_workbook
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))

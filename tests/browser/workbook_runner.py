@@ -15,9 +15,10 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from playwright.sync_api import Browser
+
 from .browser_services import Lab, default_tabs
 from .jupyterlab_page import RUN_TIMEOUT_S, NotebookPage, WidgetMove, find_problems
-from playwright.sync_api import Browser
 
 POLL_S = 0.5
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from pluggable_parts import CountingAttention, CountingBlockManager, CountingScheduler, CountingStaticScheduler
 
 from labkit import ATTENTION_BACKENDS, LLM, BlockManager, ContiguousKVCache, SamplingParams, Scheduler
 from labkit.serving import ServerThread
 from labkit.serving.cli import make_async_llm, parse_args
-
-from pluggable_parts import CountingAttention, CountingBlockManager, CountingScheduler, CountingStaticScheduler
 
 PROMPTS = ["Once upon a time", "The dog ran to the park and", "One day, Lily"]
 PARAMS = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
