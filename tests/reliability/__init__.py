@@ -1,0 +1,1 @@
+"""Reliability tests. A package, so that its conftest does not shadow ``tests/conftest.py`` (as ``tests/browser``)."""
