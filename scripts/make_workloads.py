@@ -5,7 +5,7 @@ Run from the repository root (seconds, no network, no model needed):
     python scripts/make_workloads.py            # (re)write every file
     python scripts/make_workloads.py --check    # exit 1 if a committed file differs from what this makes
 
-Every workload is seeded, so the files are reproducible; tests/test_workloads.py checks that the committed
+Every workload is seeded, so the files are reproducible; tests/workbook/test_workloads.py checks that the committed
 files match this script. Notebooks load them with ``labkit.workbook.workloads.load_workload(name)`` and turn lengths
 into token ids with ``labkit.workbook.workloads.materialise`` (introduced in notebook 05, ``05_static_batching``).
 

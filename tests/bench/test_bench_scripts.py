@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ["bench_kvcache.py", "bench_paged.py", "bench_engines.py", "bench_host_overhead.py"]
 # Sections a report must have beyond the common header.
 SECTIONS = {"bench_engines.py": ["## 1. Throughput", "## 1b. Batch slots", "## 1c. Where `chunked`'s time goes",

@@ -22,7 +22,7 @@ from labkit.workbook.reset import (
     status,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL = json.dumps({"cells": [{"cell_type": "code", "source": "def write_kv(cache, new, start):\n    raise "
                                   "NotImplementedError", "metadata": {}, "outputs": [], "execution_count": None}],
                        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n"

@@ -1,6 +1,6 @@
 """The engine's options for closing host gaps (notebook 10): CUDA graphs and async scheduling on a GPU,
 a clear error for CUDA graphs on a CPU, and the CPU-side fix (vectorised input preparation) changing no token.
-Async scheduling on the CPU is tested in tests/test_async_scheduling.py.
+Async scheduling on the CPU is tested in tests/engine/test_async_scheduling.py.
 
 The GPU tests are marked ``cuda`` and run only where CUDA exists; the rest run everywhere.
 """

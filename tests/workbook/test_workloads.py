@@ -23,7 +23,7 @@ from labkit.workbook.workloads import (
     uniform_lengths,
 )
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_workloads.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_workloads.py"
 
 
 def make_workloads_script() -> ModuleType:

@@ -4,7 +4,7 @@ It must change no token and no finish reason, waste no step on a request whose l
 keep faults and aborts contained, and return every KV block. The overlap itself is checked too:
 the scheduler must run while the device's part of the previous step has not finished.
 The long randomised run (faults, aborts, preemption, prefix caching, n > 1, stop strings) with and
-without async scheduling is in tests/test_stress.py.
+without async scheduling is in tests/engine/test_stress.py.
 """
 
 from __future__ import annotations

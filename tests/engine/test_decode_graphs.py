@@ -1,6 +1,6 @@
 """Decode steps through ``DecodeGraphs``: padded to batch-size buckets and power-of-two table widths,
 padding rows confined to the scratch block. Off CUDA the same static-shape path runs eagerly, so its
-padding logic is checked here on every machine; tests/test_cuda_paths.py replays real graphs on a GPU."""
+padding logic is checked here on every machine; tests/engine/test_cuda_paths.py replays real graphs on a GPU."""
 
 from __future__ import annotations
 
