@@ -5,9 +5,11 @@
 
 Nothing here is written by hand: the tasks come from the notebooks themselves. For every "### Task N" heading
 it finds the stub cell after it and the check cell ``x = use_or_reference(check_x(x), x, REFERENCE)``, and it
-shows the source of REFERENCE (the function the notebook falls back to) and of the labkit symbol the task says
-it mirrors (``It mirrors **`labkit....`**``). tests/test_answer_key.py fails when the committed key differs from
-a fresh one, when a notebook's task is missing from it, or when a reference no longer passes its checker.
+shows the source of the labkit symbol the task says it mirrors (``It mirrors **`labkit....`**``, a function) or
+replaces (``It replaces **`labkit....Class.method`**``, a method the learner's subclass overrides and the engine
+then runs), and of REFERENCE (what the notebook falls back to) when that is another function. tests/test_answer_key.py
+fails when the committed key differs from a fresh one, when a notebook's task is missing from it, or when a
+reference no longer passes its checker.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ NOTEBOOKS = ROOT / "notebooks"
 ANSWER_KEY = ROOT / "docs" / "answer_key.md"
 
 TASK_HEADING = re.compile(r"^#{2,4}\s*Task\s+(\d+)\s*[—–:\-]+\s*(.+?)\s*$", re.MULTILINE)
-MIRRORS = re.compile(r"mirrors\s+\*\*`([\w.]+)`\*\*")
+MIRRORS = re.compile(r"(?:mirrors|replaces)\s+\*\*`([\w.]+)`\*\*")
 
 
 class AnswerKeyError(Exception):
@@ -43,9 +45,9 @@ class Task:
     notebook: str  # e.g. "07_continuous_batching"
     number: int
     title: str
-    mirrors: str  # dotted name of the labkit symbol the task mirrors
+    mirrors: str  # dotted name of the labkit symbol the task mirrors (a function) or replaces (a method)
     stub: str  # the stub cell's source
-    checker_name: str  # e.g. "labkit.exercises.ch07.check_admit_fcfs"
+    checker_name: str  # e.g. "labkit.exercises.ch07.check_schedule_waiting"
     reference_expr: str  # the third argument of use_or_reference, as written in the notebook
     checker: Callable[..., Any]
     reference: Callable[..., Any]
@@ -54,6 +56,11 @@ class Task:
     @property
     def key(self) -> str:
         return f"{self.notebook[:2]}-task-{self.number}"
+
+    @property
+    def is_subclass(self) -> bool:
+        """The learner writes a subclass of labkit's class (the reference) overriding one method (mirrored)."""
+        return inspect.isclass(self.reference)
 
 
 def resolve_dotted(name: str) -> Any:
@@ -101,7 +108,7 @@ def check_call(source: str) -> tuple[str, str] | None:
 
 
 def resolve_name(expr: str, imports: dict[str, str]) -> str:
-    """A notebook expression (``admit_fcfs`` or ``labkit.x.y``) -> its dotted name, via the notebook's imports."""
+    """A notebook expression (``Scheduler`` or ``labkit.x.y``) -> its dotted name, via the notebook's imports."""
     head, _, rest = expr.partition(".")
     if head in imports:
         return imports[head] + (f".{rest}" if rest else "")
@@ -128,7 +135,8 @@ def collect_tasks(notebooks: Path = NOTEBOOKS) -> list[Task]:
                 mirrors = MIRRORS.search(text, match.end())
                 if mirrors is None:
                     raise AnswerKeyError(f"{where}: the task text must say which labkit symbol it mirrors "
-                                         "(It mirrors **`labkit....`**)")
+                                         "(It mirrors **`labkit....`**) or, for a subclass, which method it "
+                                         "replaces (It replaces **`labkit....Class.method`**)")
                 end = next((j for j in task_cells if j > i), len(cells))  # this task's cells end at the next task
                 code_after = [sources[j] for j in range(i + 1, end) if cells[j]["cell_type"] == "code"]
                 stub = next((s for s in code_after if "raise NotImplementedError" in s), None)
@@ -153,6 +161,8 @@ def checker_hint(task: Task) -> str:
     def stub(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
+    if task.is_subclass:  # a subclass whose one method is not written yet
+        return task.checker(type("Stub", (task.reference,), {task.mirrored.__name__: stub})).hint
     return task.checker(stub).hint
 
 
@@ -198,7 +208,7 @@ def render(tasks: list[Task]) -> str:
         "column names the function the check cell calls; the tests named beside it show that the checker passes "
         "this reference and fails planted bugs.",
         "",
-        "| notebook | task | mirrors | checker | tested in |",
+        "| notebook | task | labkit symbol | checker | tested in |",
         "|---|---|---|---|---|",
     ]
     for t in tasks:
@@ -212,14 +222,16 @@ def render(tasks: list[Task]) -> str:
             out += ["", f"## Notebook {t.notebook[:2]} · {t.notebook[3:]}"]
         out += [
             "", f'<a id="{t.key}"></a>', "", f"### Task {t.number}: {t.title}", "",
-            f"Mirrors `{t.mirrors}`. Check cell: `{t.checker_name}`, falling back to `{t.reference_expr}`.", "",
+            (f"Replaces `{t.mirrors}` in a subclass of `{t.reference.__module__}.{t.reference.__qualname__}` that "
+             "the engine runs." if t.is_subclass else f"Mirrors `{t.mirrors}`.")
+            + f" Check cell: `{t.checker_name}`, falling back to `{t.reference_expr}`.", "",
             f"The checker's hint on failure: *{checker_hint(t)}*", "",
             "The stub the learner starts from:", "", f"```python\n{t.stub}\n```", "",
             "Reference solution, " + source_block(t.mirrored),
         ]
         for helper in helpers_called(t.mirrored, t.stub):
             out += ["", "which calls " + source_block(helper)]
-        if t.reference is not t.mirrored:
+        if t.reference is not t.mirrored and not t.is_subclass:
             out += ["", "The plain function the notebook falls back to, " + source_block(t.reference)]
     return "\n".join(out) + "\n"
 

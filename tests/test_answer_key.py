@@ -76,13 +76,21 @@ def test_the_key_shows_a_reference_that_passes_the_checker(task) -> None:  # typ
     assert "def " + task.mirrored.__name__ in key.source_block(task.mirrored)
 
 
+def defined_in(value: object, filename: str) -> bool:
+    """A function, or a class with a method, whose code comes from ``filename`` (not something it imports)."""
+    if inspect.isfunction(value):
+        return value.__code__.co_filename == filename
+    return inspect.isclass(value) and any(defined_in(v, filename) for v in vars(value).values())
+
+
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.key)
 def test_the_stub_in_the_key_is_reported_not_started(task) -> None:  # type: ignore[no-untyped-def]
     namespace: dict[str, object] = {}
     exec(compile(task.stub, f"<{task.key} stub>", "exec"), namespace)  # the notebook's own stub cell
-    defined = [v for v in namespace.values()  # the stub's own function, not what it imports
-               if inspect.isfunction(v) and v.__code__.co_filename == f"<{task.key} stub>"]
-    assert len(defined) == 1, f"the stub cell should define one function, defined {list(namespace)}"
+    defined = [v for v in namespace.values() if defined_in(v, f"<{task.key} stub>")]
+    assert len(defined) == 1, f"the stub cell should define one function or class, defined {list(namespace)}"
+    if task.is_subclass:  # a subclass of labkit's class that overrides the method the task replaces
+        assert issubclass(defined[0], task.reference) and task.mirrored.__name__ in vars(defined[0])
     assert task.checker(defined[0]).status == "not started"
 
 
@@ -93,23 +101,46 @@ def write_notebook(folder: Path, name: str, sources: list[tuple[str, str]]) -> N
     (folder / name).write_text(json.dumps(nb))
 
 
-TASK_MD = "### Task 1 — the admission rule\n\nWrite `admit`. It mirrors **`labkit.engine.sched.policy.admit_fcfs`**."
-STUB = "def admit(waiting, num_free_slots, token_budget, num_free_blocks):\n    raise NotImplementedError"
-CHECK = ("from labkit.exercises import use_or_reference\nfrom labkit.exercises.ch07 import check_admit_fcfs\n"
-         "from labkit.engine.sched.policy import admit_fcfs\n\n"
-         "admit = use_or_reference(check_admit_fcfs(admit), admit, admit_fcfs)")
+TASK_MD = ("### Task 1 — the roofline\n\nWrite `roof`. It mirrors "
+           "**`labkit.analysis.hardware.attainable_flops`**.")
+STUB = "def roof(intensity, peak_flops, bandwidth):\n    raise NotImplementedError"
+CHECK = ("from labkit.exercises import use_or_reference\nfrom labkit.exercises.ch00 import check_attainable_flops\n"
+         "from labkit.analysis.hardware import attainable_flops\n\n"
+         "roof = use_or_reference(check_attainable_flops(roof), roof, attainable_flops)")
+
+CLASS_TASK_MD = ("### Task 1 — the admission rule\n\nOverride `schedule_waiting`. It replaces "
+                 "**`labkit.engine.sched.scheduler.Scheduler.schedule_waiting`** in the engine.")
+CLASS_STUB = ("from labkit import Scheduler\n\n\nclass MyScheduler(Scheduler):\n"
+              "    def schedule_waiting(self, out, budget, now):\n        raise NotImplementedError")
+CLASS_CHECK = ("from labkit import Scheduler\nfrom labkit.exercises import use_or_reference\n"
+               "from labkit.exercises.ch07 import check_schedule_waiting\n\n"
+               "MyScheduler = use_or_reference(check_schedule_waiting(MyScheduler), MyScheduler, Scheduler)")
 
 
 def test_collects_a_task_and_resolves_names_through_the_notebook_imports(tmp_path: Path) -> None:
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", CHECK)])
     (task,) = key.collect_tasks(tmp_path)
-    from labkit.exercises.ch07 import check_admit_fcfs
-    from labkit.engine.sched.policy import admit_fcfs
+    from labkit.analysis.hardware import attainable_flops
+    from labkit.exercises.ch00 import check_attainable_flops
 
-    assert (task.notebook, task.number, task.title) == ("42_demo", 1, "the admission rule")
-    assert task.checker is check_admit_fcfs and task.reference is admit_fcfs and task.mirrored is admit_fcfs
+    assert (task.notebook, task.number, task.title) == ("42_demo", 1, "the roofline")
+    assert task.checker is check_attainable_flops and task.reference is attainable_flops
+    assert task.mirrored is attainable_flops and not task.is_subclass
     text = key.render([task])
-    assert '<a id="42-task-1"></a>' in text and "def admit_fcfs(" in text and STUB in text
+    assert '<a id="42-task-1"></a>' in text and "def attainable_flops(" in text and STUB in text
+
+
+def test_a_subclass_task_shows_the_method_it_replaces(tmp_path: Path) -> None:
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", CLASS_TASK_MD), ("code", CLASS_STUB),
+                                               ("code", CLASS_CHECK)])
+    (task,) = key.collect_tasks(tmp_path)
+    from labkit import Scheduler
+
+    assert task.is_subclass and task.reference is Scheduler and task.mirrored is Scheduler.schedule_waiting
+    assert "budget" in key.checker_hint(task)  # the checker's own hint, from a stub subclass
+    text = key.render([task])
+    assert "Replaces `labkit.engine.sched.scheduler.Scheduler.schedule_waiting` in a subclass of" in text
+    assert "def schedule_waiting(" in text and "class Scheduler" not in text  # the method, not the whole class
 
 
 def test_a_task_without_a_check_cell_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -119,14 +150,14 @@ def test_a_task_without_a_check_cell_is_an_error_naming_it(tmp_path: Path) -> No
 
 
 def test_a_task_that_names_no_mirrored_symbol_is_an_error(tmp_path: Path) -> None:
-    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", "### Task 1 — admission\n\nWrite `admit`."),
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", "### Task 1 — the roofline\n\nWrite `roof`."),
                                                ("code", STUB), ("code", CHECK)])
     with pytest.raises(key.AnswerKeyError, match="which labkit symbol it mirrors"):
         key.collect_tasks(tmp_path)
 
 
 def test_an_unimported_reference_is_an_error(tmp_path: Path) -> None:
-    check = CHECK.replace("from labkit.engine.sched.policy import admit_fcfs\n", "")
+    check = CHECK.replace("from labkit.analysis.hardware import attainable_flops\n", "")
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", check)])
-    with pytest.raises(key.AnswerKeyError, match="cannot tell where 'admit_fcfs' comes from"):
+    with pytest.raises(key.AnswerKeyError, match="cannot tell where 'attainable_flops' comes from"):
         key.collect_tasks(tmp_path)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from labkit.analysis.hardware import attainable_flops
 from labkit.exercises import use_or_reference
 from labkit.exercises.ch00 import check_attainable_flops
 from labkit.exercises.ch01 import check_request_latencies
-from labkit.analysis.hardware import attainable_flops
 from labkit.metrics.request import compute_latencies
 
 
@@ -51,8 +51,8 @@ def test_a_crashing_solution_is_reported_not_raised() -> None:
 def test_ch02_top_p_checker() -> None:
     import torch
 
-    from labkit.exercises.ch02 import check_top_p
     from labkit.engine.sampler import apply_top_p
+    from labkit.exercises.ch02 import check_top_p
 
     assert check_top_p(apply_top_p).passed
 
@@ -86,3 +86,20 @@ def test_ch03_write_kv_checker() -> None:
 
     for bug in (no_transpose_back, overwrites_from_zero):
         assert check_write_kv(bug).status == "failed"
+
+
+def test_ch03_checker_runs_the_update_inside_the_kvcache_engine() -> None:
+    import torch
+
+    from labkit.cache.contiguous import write_kv
+    from labkit.exercises.ch03 import check_write_kv
+
+    starts: list[int] = []
+
+    def spy(cache: torch.Tensor, new: torch.Tensor, start: int) -> torch.Tensor:
+        starts.append(start)
+        return write_kv(cache, new, start)
+
+    assert check_write_kv(spy, max_tokens=4).passed
+    # 2 by-hand calls, then K and V of every layer at every step of the engine built with kv_cache_cls
+    assert len(starts) > 2 and max(starts) > 5

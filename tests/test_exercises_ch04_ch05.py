@@ -7,11 +7,10 @@ import dataclasses
 import pytest
 
 from labkit.analysis.batching import static_batch_tokens, static_batch_waste, static_batching_waste
+from labkit.analysis.roofline import decode_cost, kv_bytes_per_token
 from labkit.exercises import use_or_reference
 from labkit.exercises.ch04 import DECODE_CASES, check_decode_cost, flops_and_bytes
 from labkit.exercises.ch05 import BATCH_CASES, check_static_batch_tokens
-from labkit.analysis.roofline import decode_cost, kv_bytes_per_token
-
 
 # ---- notebook 04: decode_cost ----
 

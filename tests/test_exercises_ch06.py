@@ -1,89 +1,148 @@
-"""Notebook 06's checkers pass labkit's reference, fail planted bugs, and report an untouched stub."""
+"""Notebook 06's checkers pass labkit's BlockManager, fail planted bugs (by hand and inside the engine), and
+report an untouched stub; the learner's class is the one the engine runs."""
 
 from __future__ import annotations
 
+import pytest
+
+from labkit import LLM, BlockManager, SamplingParams
 from labkit.cache.block_manager import hash_block
 from labkit.exercises import use_or_reference
-from labkit.exercises.ch06 import check_block_hashes, check_slot, reference_slot, use_slot
-from labkit.analysis.kv_memory import block_hashes
-
-
-def stub(*args):  # type: ignore[no-untyped-def]
-    raise NotImplementedError
+from labkit.exercises.ch06 import check_block_hashes, check_slot
 
 
 def test_slot_checker_passes_the_reference() -> None:
-    assert check_slot(reference_slot).passed
+    result = check_slot(BlockManager)
+    assert result.passed, result.message()
 
 
-def test_slot_checker_fails_planted_bugs() -> None:
-    def forgets_block_width(table, position, block_size):  # type: ignore[no-untyped-def]
-        return table[position // block_size] + position % block_size
+class OffByOne(BlockManager):
+    def slot(self, seq, position):  # type: ignore[no-untyped-def]
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size + 1
 
-    def ignores_the_table(table, position, block_size):  # type: ignore[no-untyped-def]
+
+class ForgetsBlockWidth(BlockManager):
+    def slot(self, seq, position):  # type: ignore[no-untyped-def]
+        return seq.block_table[position // self.block_size] + position % self.block_size
+
+
+class IgnoresTheTable(BlockManager):
+    def slot(self, seq, position):  # type: ignore[no-untyped-def]
         return position  # the contiguous layout: every sequence would write over the others
 
-    def swaps_block_and_offset(table, position, block_size):  # type: ignore[no-untyped-def]
-        return table[position % block_size % len(table)] * block_size + position // block_size
 
-    for bug in (forgets_block_width, ignores_the_table, swaps_block_and_offset):
-        result = check_slot(bug)
-        assert result.status == "failed" and result.failures, bug.__name__
+class SwapsBlockAndOffset(BlockManager):
+    def slot(self, seq, position):  # type: ignore[no-untyped-def]
+        table = seq.block_table
+        return table[position % self.block_size % len(table)] * self.block_size + position // self.block_size
 
 
-def test_slot_stub_is_not_started_and_falls_back(capsys) -> None:
-    result = check_slot(stub)
+class WrongOnlyInTheEngine(BlockManager):
+    """Right on the checker's hand-made tables, off by one on the engine's sequences: only the engine run sees it."""
+
+    def slot(self, seq, position):  # type: ignore[no-untyped-def]
+        return super().slot(seq, position) + int(hasattr(seq, "seq_id"))
+
+
+@pytest.mark.parametrize("bug", [OffByOne, ForgetsBlockWidth, IgnoresTheTable, SwapsBlockAndOffset,
+                                 WrongOnlyInTheEngine], ids=lambda c: c.__name__)
+def test_slot_checker_fails_planted_bugs(bug: type[BlockManager]) -> None:
+    result = check_slot(bug)
+    assert result.status == "failed" and result.failures, bug.__name__
+
+
+def test_slot_checker_names_the_wrong_slot() -> None:
+    result = check_slot(OffByOne)
+    assert "token 0 should be in slot 28, got 29" in result.failures[0]
+    assert "differ from labkit's" in check_slot(WrongOnlyInTheEngine).failures[0]
+
+
+def test_slot_stub_is_not_started_and_falls_back(capsys: pytest.CaptureFixture[str]) -> None:
+    class Stub(BlockManager):
+        def slot(self, seq, position):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+    result = check_slot(Stub)
     assert result.status == "not started"
-    assert use_or_reference(result, stub, reference_slot) is reference_slot
-    assert "uses labkit's reference" in capsys.readouterr().out
+    assert use_or_reference(result, Stub, BlockManager) is BlockManager
+    assert "uses labkit's reference labkit.cache.block_manager.BlockManager" in capsys.readouterr().out
 
 
-def test_use_slot_plugs_into_the_engine_and_back(bundled_path) -> None:
-    from labkit import LLM
+def test_a_function_instead_of_a_class_is_explained() -> None:
+    result = check_slot(lambda table, position, block_size: 0)  # type: ignore[arg-type]
+    assert result.status == "failed" and "subclass of labkit.BlockManager" in result.failures[0]
 
-    llm = LLM(str(bundled_path), engine="paged", block_size=4, num_gpu_blocks=16)
-    calls = []
 
-    def spy(table, position, block_size):  # type: ignore[no-untyped-def]
-        calls.append(position)
-        return reference_slot(table, position, block_size)
+def test_the_learners_slot_runs_inside_the_engine(bundled_path) -> None:  # type: ignore[no-untyped-def]
+    calls: list[int] = []
 
-    use_slot(llm, spy)
-    llm.generate([[1, 5, 6, 7, 8]], use_tqdm=False)
-    assert calls[:5] == [0, 1, 2, 3, 4]
-    use_slot(llm, None)
-    calls.clear()
-    llm.generate([[1, 5, 6]], use_tqdm=False)
-    assert calls == []
+    class Spy(BlockManager):
+        def slot(self, seq, position):  # type: ignore[no-untyped-def]
+            calls.append(position)
+            return super().slot(seq, position)
+
+    llm = LLM(str(bundled_path), engine="paged", block_size=4, num_gpu_blocks=16, block_manager_cls=Spy,
+              prepare_inputs="loop")
+    llm.generate([[1, 5, 6, 7, 8]], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+    assert calls == [0, 1, 2, 3, 4, 5, 6]  # the prompt, then one decode position per step
 
 
 def test_block_hash_checker_passes_the_reference() -> None:
-    assert check_block_hashes(block_hashes).passed
+    result = check_block_hashes(BlockManager)
+    assert result.passed, result.message()
 
 
-def test_block_hash_checker_fails_planted_bugs() -> None:
-    def not_chained(token_ids, block_size):  # type: ignore[no-untyped-def]
-        return [hash_block(None, tuple(token_ids[i * block_size:(i + 1) * block_size]))
-                for i in range(len(token_ids) // block_size)]
+def chained(token_ids: list[int], block_size: int, start: int = 0) -> list[int]:
+    out, parent = [], None
+    for i in range(len(token_ids) // block_size):
+        parent = hash_block(parent, tuple(token_ids[i * block_size + start:(i + 1) * block_size + start]))
+        out.append(parent)
+    return out
 
-    def hashes_the_partial_block(token_ids, block_size):  # type: ignore[no-untyped-def]
+
+class NotChained(BlockManager):
+    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
+        bs = self.block_size
+        return [hash_block(None, tuple(token_ids[i * bs:(i + 1) * bs])) for i in range(len(token_ids) // bs)]
+
+
+class HashesThePartialBlock(BlockManager):
+    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
         out, parent = [], None
-        for i in range(0, len(token_ids), block_size):
-            parent = hash_block(parent, tuple(token_ids[i:i + block_size]))
+        for i in range(0, len(token_ids), self.block_size):
+            parent = hash_block(parent, tuple(token_ids[i:i + self.block_size]))
             out.append(parent)
         return out
 
-    def off_by_one(token_ids, block_size):  # type: ignore[no-untyped-def]
-        out, parent = [], None
-        for i in range(len(token_ids) // block_size):
-            parent = hash_block(parent, tuple(token_ids[i * block_size + 1:(i + 1) * block_size + 1]))
-            out.append(parent)
-        return out
 
-    for bug in (not_chained, hashes_the_partial_block, off_by_one):
-        result = check_block_hashes(bug)
-        assert result.status == "failed" and result.failures, bug.__name__
+class OffByOneBoundaries(BlockManager):
+    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
+        return chained(token_ids, self.block_size, start=1)
+
+
+class NotChainedOnlyInTheEngine(NotChained):
+    """Right by hand, unchained when prefix caching is on: only the engine run (hits, registered hashes) sees it."""
+
+    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
+        return super().block_hashes(token_ids) if self.enable_prefix_caching else chained(token_ids, self.block_size)
+
+
+@pytest.mark.parametrize("bug", [NotChained, HashesThePartialBlock, OffByOneBoundaries, NotChainedOnlyInTheEngine],
+                         ids=lambda c: c.__name__)
+def test_block_hash_checker_fails_planted_bugs(bug: type[BlockManager]) -> None:
+    result = check_block_hashes(bug)
+    assert result.status == "failed" and result.failures, bug.__name__
+
+
+def test_block_hash_checker_compares_the_prefix_cache_with_labkits() -> None:
+    failures = check_block_hashes(NotChainedOnlyInTheEngine).failures
+    assert any("prompt tokens in the prefix cache with your hashes" in f for f in failures)
+    assert any("registered" in f for f in failures)
 
 
 def test_block_hash_stub_is_not_started() -> None:
-    assert check_block_hashes(stub).status == "not started"
+    class Stub(BlockManager):
+        def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+    assert check_block_hashes(Stub).status == "not started"

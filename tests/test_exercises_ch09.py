@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from labkit.metrics.benchmark import RequestRecord, request_goodput
 from labkit.exercises import use_or_reference
 from labkit.exercises.ch09 import check_goodput
+from labkit.metrics.benchmark import RequestRecord, request_goodput
 
 
 def test_ch09_goodput_checker_passes_the_reference() -> None:

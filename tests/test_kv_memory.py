@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 
 from labkit import LLM, SamplingParams
-from labkit.cache.block_manager import hash_block
 from labkit.analysis.kv_memory import (
     ContiguousLayout,
     PagedLayout,
-    block_hashes,
     kv_memory_usage,
     lens_in_cache,
     max_concurrent_seqs,
@@ -106,22 +104,3 @@ def test_paged_blocks_per_step_matches_the_engine(bundled_path) -> None:
     assert used == paged_blocks_per_step(requests, 4)
     peak_blocks = max(used)
     assert peak_blocks * 4 <= kv_memory_usage(requests, PagedLayout(4), at="peak").allocated
-
-
-def test_block_hashes_by_hand_and_chained() -> None:
-    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    h0 = hash_block(None, (1, 2, 3, 4))
-    assert block_hashes(tokens, 4) == [h0, hash_block(h0, (5, 6, 7, 8))]  # the partial block (9,) gets none
-    assert block_hashes(tokens[:3], 4) == []
-    assert block_hashes([0] + tokens[1:], 4)[1] != block_hashes(tokens, 4)[1]  # same tokens, other prefix
-
-
-def test_block_hashes_are_what_the_block_manager_registers(bundled_path) -> None:
-    llm = LLM(str(bundled_path), engine="paged", block_size=4, enable_prefix_caching=True)
-    out = llm.generate("Once upon a time, there was a little fox named Lily.",
-                       SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)[0]
-    computed = out.prompt_token_ids + out.outputs[0].token_ids[:-1]  # the last token's K/V are never computed
-    hashes = block_hashes(computed, 4)
-    table = llm.engine.block_manager.hash_to_block_id
-    assert hashes and all(h in table for h in hashes)
-    assert len(table) == len(hashes)

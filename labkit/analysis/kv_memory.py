@@ -17,9 +17,6 @@ sequence finishes when it samples its last token, whose K/V are never computed. 
 ``s = 0 .. output_len - 1`` the cache holds ``prompt_len + s`` of its tokens, and at most
 ``peak_len = prompt_len + output_len - 1``. ``paged_blocks_per_step`` predicts the ``paged``
 engine's ``StepStats.kv_blocks_used`` from this alone (tests/test_kv_memory.py checks it).
-
-``block_hashes`` is the prefix cache's identity of a token list, as
-``BlockManager.cache_full_blocks`` computes it (Task 2 of notebook 06 mirrors it).
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
-
-from labkit.cache.block_manager import hash_block
 
 
 class Request(Protocol):
@@ -238,20 +233,3 @@ def paged_blocks_per_step(requests: Sequence[Request], block_size: int) -> list[
     return [sum(blocks_for(r.prompt_len + s, block_size) for r in requests if s < r.output_len)
             for s in range(num_steps)]
 
-
-# ---- the prefix cache's block identity ----
-
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The prefix-cache hash of every *full* block of ``token_ids``, chained through the parent's hash.
-
-    Block ``i`` hashes ``(hash of block i-1, its own block_size tokens)`` with
-    ``labkit.cache.block_manager.hash_block``, so equal hashes mean equal tokens *and* an equal
-    prefix before them. A partial last block gets no hash (its tokens are still arriving). Mirrors
-    what ``BlockManager.cache_full_blocks`` registers. Task 2 of notebook 06.
-    """
-    hashes: list[int] = []
-    parent: int | None = None
-    for i in range(len(token_ids) // block_size):
-        parent = hash_block(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]))
-        hashes.append(parent)
-    return hashes

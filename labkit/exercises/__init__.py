@@ -1,12 +1,15 @@
 """The exercise mechanism: a checker per task, shared by the notebooks' check cells and by tests/.
 
-A notebook's "Task N" names the labkit symbol it mirrors and gives a stub that raises
-``NotImplementedError``. Its check cell calls the task's checker, which
+A notebook's "Task N" names the labkit symbol it builds and gives a stub that raises
+``NotImplementedError``: a function that mirrors labkit's, or a subclass of labkit's class that replaces
+one method (``BlockManager.slot``, ``Scheduler.schedule_waiting``, ...) and runs inside the real engine
+through its options (``block_manager_cls=``, ``scheduler_cls=``, ``kv_cache_cls=``). Its check cell calls
+the task's checker, which
 
 * runs the same assertions the test suite runs (tests/ call these very checkers on the reference
-  and on a planted bug), and prints a clear pass/fail with a hint;
-* returns the function the rest of the notebook should use: the learner's when it passes, otherwise
-  labkit's reference, with a visible note, so the notebook still runs top to bottom.
+  and on planted bugs), and prints a clear pass/fail with a hint;
+* returns what the rest of the notebook should use: the learner's function or class when it passes,
+  otherwise labkit's reference, with a visible note, so the notebook still runs top to bottom.
 
 Introduced in notebook 00 (``00_setup_and_hardware``).
 """
@@ -79,7 +82,7 @@ def run_checker(task: str, hint: str, body: Callable[[Check], None]) -> CheckRes
 
 
 def use_or_reference(result: CheckResult, candidate: F, reference: F, verbose: bool = True) -> F:
-    """The learner's function if it passed, else labkit's reference (saying so)."""
+    """The learner's function or class if it passed, else labkit's reference (saying so)."""
     if verbose:
         print(result.message())
     if result.passed:

@@ -1,7 +1,8 @@
 """Checkers for notebook 03 (``03_kv_cache``).
 
 Task 1 mirrors ``labkit.cache.contiguous.write_kv``: the cache update. Checked directly on tensors,
-then end to end: the ``kvcache`` engine with the learner's update must produce the same greedy tokens
+then end to end inside the real engine: ``LLM(..., engine="kvcache", kv_cache_cls=cache_with(fn))`` runs
+a ``ContiguousKVCache`` subclass whose update is the learner's, and must produce the same greedy tokens
 as the ``naive`` engine, which recomputes everything and needs no cache at all.
 """
 
@@ -19,7 +20,7 @@ PROMPTS = ["Once upon a time, there was a little fox named Lily.", "The dog ran 
 
 
 def cache_with(fn: WriteKV) -> type[ContiguousKVCache]:
-    """A ContiguousKVCache whose update is ``fn``: plug it in with ``llm.engine.cache_class = ...``."""
+    """A ContiguousKVCache whose update is ``fn``: plug it in with ``LLM(..., kv_cache_cls=cache_with(fn))``."""
     return type("LearnerKVCache", (ContiguousKVCache,), {"write": staticmethod(fn)})
 
 
@@ -45,8 +46,7 @@ def check_write_kv(fn: WriteKV, model: str = "labkit-tiny", max_tokens: int = 12
         if not check.result.failures:
             params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
             naive = LLM(model, engine="naive", device="cpu")
-            cached = LLM(model, engine="kvcache", device="cpu", max_num_seqs=len(PROMPTS))
-            cached.engine.cache_class = cache_with(fn)
+            cached = LLM(model, engine="kvcache", device="cpu", max_num_seqs=len(PROMPTS), kv_cache_cls=cache_with(fn))
             want = [o.outputs[0].token_ids for o in naive.generate(PROMPTS, params, use_tqdm=False)]
             got = [o.outputs[0].token_ids for o in cached.generate(PROMPTS, params, use_tqdm=False)]
             check.expect(got == want, "with your update, the kvcache engine's greedy tokens differ from "

@@ -1,91 +1,148 @@
 """Checkers for notebook 06 (``06_paged_attention``).
 
-Task 1 mirrors ``BlockManager.block_table_slot``: the slot mapping, where token ``position`` of a
-sequence lives in the paged pool. Checked on hand-made block tables, then end to end: the ``paged``
-engine with the learner's slot mapping must produce the same greedy tokens as with labkit's.
+Both tasks are ``BlockManager`` subclasses that the real engine runs (``LLM(..., block_manager_cls=...)``):
 
-Task 2 mirrors ``labkit.analysis.kv_memory.block_hashes``: the prefix cache's chained hash of every full block,
-as ``BlockManager.cache_full_blocks`` computes it. Checked on small token lists, then against a real
-engine: the learner's hashes must be the ones the block manager registered, and must predict how
-many prompt tokens the next request finds in the cache.
+* Task 1 overrides ``BlockManager.slot``: where token ``position`` of a sequence lives in the paged pool.
+  Checked on hand-made block tables, then inside the ``paged`` engine with ``prepare_inputs="loop"`` (the
+  per-token input preparation, which calls ``slot`` for every new token of every step): the greedy tokens
+  must be those of labkit's own block manager.
+* Task 2 overrides ``BlockManager.block_hashes``: the prefix cache's chained hash of every full block, which
+  ``lookup_prefix`` and ``cache_full_blocks`` both call. Checked on small token lists, then inside the
+  ``paged`` engine with prefix caching on: on prompts that share prefixes, every request must find as
+  many prompt tokens in the cache as with labkit's block manager, and produce the same tokens.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from labkit.cache.block_manager import BlockManager, hash_block
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.analysis.kv_memory import block_hashes
 
-SlotFn = Callable[[list[int], int, int], int]
-BlockHashesFn = Callable[[list[int], int], list[int]]
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from labkit.llm import LLM
+
 PROMPTS = ["Once upon a time, there was a little fox named Lily.", "The dog ran to the park.", "One day"]
 
 
-def reference_slot(block_table: list[int], position: int, block_size: int) -> int:
-    """labkit's slot mapping as a plain function (what ``BlockManager.block_table_slot`` computes)."""
-    return BlockManager(max(block_table) + 1, block_size).block_table_slot(block_table, position)
+def require_block_manager(cls: object) -> type[BlockManager]:
+    """The learner's class, or a clear error if it is not a BlockManager subclass."""
+    if not (isinstance(cls, type) and issubclass(cls, BlockManager)):
+        raise TypeError(f"expected a subclass of labkit.BlockManager (class MyBlockManager(BlockManager): ...), "
+                        f"got {cls!r}")
+    return cls
 
 
-def use_slot(llm: object, fn: SlotFn | None) -> None:
-    """Make a paged engine map tokens to slots with ``fn`` (None: back to labkit's own)."""
-    bm = llm.engine.block_manager  # type: ignore[attr-defined]
-    if fn is None:
-        bm.__dict__.pop("block_table_slot", None)
-    else:
-        bm.block_table_slot = lambda table, position: fn(list(table), position, bm.block_size)
+def table(block_table: list[int]) -> SimpleNamespace:
+    """A stand-in sequence for the by-hand checks: ``slot`` only reads its ``block_table``."""
+    return SimpleNamespace(block_table=list(block_table))
 
 
-def check_slot(fn: SlotFn, model: str = "labkit-tiny", max_tokens: int = 8) -> CheckResult:
-    """Task 1: ``fn(block_table, position, block_size)`` is the pool slot of token ``position``."""
-    from labkit import LLM, SamplingParams  # late import: labkit.llm imports the engines
+def greedy_tokens(llm: LLM, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    from labkit import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def check_slot(cls: type[BlockManager], model: str = "labkit-tiny", max_tokens: int = 8) -> CheckResult:
+    """Task 1: ``cls(...).slot(seq, position)`` is the pool slot of token ``position`` of ``seq``."""
+    from labkit import LLM  # late import: labkit.llm imports the engines
 
     def body(check: Check) -> None:
-        table = [7, 2, 9]
+        cls_ = require_block_manager(cls)
+        bm = cls_(num_blocks=40, block_size=4)
         for position, want in ((0, 28), (3, 31), (4, 8), (9, 37)):
-            got = fn(list(table), position, 4)
-            check.expect(got == want, f"block_table {table}, block_size 4: token {position} should be in slot "
+            got = bm.slot(table([7, 2, 9]), position)  # type: ignore[arg-type]
+            check.expect(got == want, f"block_table [7, 2, 9], block_size 4: token {position} should be in slot "
                          f"{want}, got {got}")
         rng = random.Random(0)
         for _ in range(50):
             bs = rng.choice([1, 2, 3, 16])
             t = rng.sample(range(40), rng.randint(1, 6))
             p = rng.randrange(len(t) * bs)
-            got, want = fn(list(t), p, bs), reference_slot(t, p, bs)
+            got = cls_(num_blocks=40, block_size=bs).slot(table(t), p)  # type: ignore[arg-type]
+            want = BlockManager(num_blocks=40, block_size=bs).slot(table(t), p)  # type: ignore[arg-type]
             if got != want:
                 check.expect(False, f"block_table {t}, block_size {bs}, token {p}: slot {want} expected, got {got}")
                 break
-        slots = [fn([5, 0, 3], p, 3) for p in range(9)]
+        bm = cls_(num_blocks=6, block_size=3)
+        slots = [bm.slot(table([5, 0, 3]), p) for p in range(9)]  # type: ignore[arg-type]
         check.expect(sorted(slots) == [0, 1, 2, 9, 10, 11, 15, 16, 17],
                      f"the 9 tokens of block_table [5, 0, 3] (block_size 3) must fill blocks 5, 0 and 3 exactly: "
                      f"slots {slots}")
-        if not check.result.failures:
-            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-            llm = LLM(model, engine="paged", device="cpu", block_size=4, num_gpu_blocks=64)
-            want_ids = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-            use_slot(llm, fn)
-            got_ids = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-            check.expect(got_ids == want_ids, "with your slot mapping, the paged engine's greedy tokens differ from "
-                         "its tokens with labkit's")
+        if check.result.failures:
+            return
+        # Inside the engine: "loop" input preparation maps every new token through the block manager's slot.
+        options = dict(engine="paged", device="cpu", block_size=4, num_gpu_blocks=64, debug_checks=True)
+        want_ids = greedy_tokens(LLM(model, **options), PROMPTS, max_tokens)  # type: ignore[arg-type]
+        calls: list[int] = []
+
+        class Counting(cls_):  # type: ignore[valid-type, misc]
+            def slot(self, seq, position):  # type: ignore[no-untyped-def]
+                calls.append(position)
+                return super().slot(seq, position)
+
+        mine = LLM(model, block_manager_cls=Counting, prepare_inputs="loop", **options)  # type: ignore[arg-type]
+        got_ids = greedy_tokens(mine, PROMPTS, max_tokens)
+        check.expect(bool(calls), "the engine never called your slot (did you override `slot(self, seq, position)`?)")
+        for prompt, want, got in zip(PROMPTS, want_ids, got_ids):
+            if got != want:
+                check.expect(False, f"with your slot mapping the paged engine's greedy tokens for {prompt!r} differ "
+                             f"from labkit's at output token {first_difference(got, want)}: K/V went to the wrong "
+                             "slots")
+                break
 
     return run_checker(
         "Task 1 (slot mapping)",
-        "the token sits in block block_table[position // block_size], at offset position % block_size within it; "
-        "a block is block_size slots wide, so block b starts at slot b * block_size.",
+        "the token sits in block seq.block_table[position // self.block_size], at offset position % "
+        "self.block_size within it; a block is block_size slots wide, so block b starts at slot b * block_size.",
         body,
     )
 
 
-def check_block_hashes(fn: BlockHashesFn, model: str = "labkit-tiny") -> CheckResult:
-    """Task 2: ``fn(token_ids, block_size)`` is the chained hash of every full block of ``token_ids``."""
-    from labkit import LLM, SamplingParams
+def first_difference(got: list[int], want: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
+def shared_prefix_prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    """Prompts that share prefixes in blocks of 4: a system prompt of 3 full blocks reused by three requests,
+    and two prompts that hold the same block after *different* first blocks (only a chained hash tells them apart)."""
+    from labkit.workbook.workloads import prompt_ids_of_length
+
+    system = prompt_ids_of_length(tokenizer, 12, seed=1)
+    other = prompt_ids_of_length(tokenizer, 24, seed=2)
+    questions = [prompt_ids_of_length(tokenizer, 16, seed=10 + i)[-6:] for i in range(3)]
+    return [system + questions[0], system + questions[1], system + questions[2],
+            other[:4] + system[4:] + questions[0],  # blocks 2-3 hold the system prompt's tokens, after another block 1
+            other[:4] + system[4:] + questions[1]]
+
+
+def prefix_cache_run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[list[int], list[list[int]]]:
+    """Each prompt alone, in order (a block is reusable once computed): cached prompt tokens and greedy tokens."""
+    from labkit import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    return [o.num_cached_tokens for o in outs], [o.outputs[0].token_ids for o in outs]
+
+
+def check_block_hashes(cls: type[BlockManager], model: str = "labkit-tiny", max_tokens: int = 6) -> CheckResult:
+    """Task 2: ``cls(...).block_hashes(token_ids)`` is the chained hash of every full block of ``token_ids``."""
+    from labkit import LLM
 
     def body(check: Check) -> None:
-        tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        cls_ = require_block_manager(cls)
+
+        def hashes(token_ids: list[int], block_size: int) -> list[int]:
+            return cls_(num_blocks=8, block_size=block_size).block_hashes(list(token_ids))
+
+        got = hashes([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
         h0 = hash_block(None, (1, 2, 3, 4))
-        got = fn(list(tokens), 4)
         check.expect(isinstance(got, list) and len(got) == 2,
                      f"9 tokens in blocks of 4 make 2 full blocks (the 9th token's block is not full): "
                      f"expected 2 hashes, got {got!r}")
@@ -93,41 +150,50 @@ def check_block_hashes(fn: BlockHashesFn, model: str = "labkit-tiny") -> CheckRe
                      "no parent, and its tokens as a tuple")
         check.expect(got == [h0, hash_block(h0, (5, 6, 7, 8))],
                      "the second block's hash is hash_block(<first block's hash>, (5, 6, 7, 8))")
-        check.expect(fn([1, 2, 3], 4) == [], "fewer tokens than one block: no hash at all")
-        check.expect(len(fn(list(range(8)), 4)) == 2, "8 tokens in blocks of 4: both blocks are full")
-        a, b = fn([1, 2, 3, 4, 5, 6, 7, 8], 4), fn([0, 2, 3, 4, 5, 6, 7, 8], 4)
+        check.expect(hashes([1, 2, 3], 4) == [], "fewer tokens than one block: no hash at all")
+        check.expect(len(hashes(list(range(8)), 4)) == 2, "8 tokens in blocks of 4: both blocks are full")
+        a, b = hashes([1, 2, 3, 4, 5, 6, 7, 8], 4), hashes([0, 2, 3, 4, 5, 6, 7, 8], 4)
         check.expect(len(a) == len(b) == 2 and a[1] != b[1],
                      "the same tokens after a different prefix must hash differently: chain each hash to its parent")
         rng = random.Random(0)
         for _ in range(20):
             ids, bs = [rng.randrange(2048) for _ in range(rng.randrange(40))], rng.choice([1, 3, 16])
-            if fn(list(ids), bs) != block_hashes(ids, bs):
+            if hashes(ids, bs) != BlockManager(num_blocks=8, block_size=bs).block_hashes(ids):
                 check.expect(False, f"{len(ids)} random tokens, block_size {bs}: hashes differ from labkit's")
                 break
-        if not check.result.failures:
-            bs = 4
-            llm = LLM(model, engine="paged", device="cpu", block_size=bs, num_gpu_blocks=64, enable_prefix_caching=True)
-            params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-            first = llm.generate(PROMPTS[0], params, use_tqdm=False)[0]
-            computed = first.prompt_token_ids + first.outputs[0].token_ids[:-1]
-            registered = llm.engine.block_manager.hash_to_block_id
-            mine = fn(list(computed), bs)
-            check.expect(set(mine) == set(registered), "after one request, the block manager registered other "
-                         "hashes than yours for its prompt + output tokens")
-            follow_up = computed[:10] + [7, 8, 9, 10, 11]  # shares the first 10 tokens: 2 full blocks
-            predicted = 0
-            for h in fn(follow_up[:-1], bs):  # the prompt's last token is always computed (it gives the logits)
-                if h not in registered:
-                    break
-                predicted += bs
-            second = llm.generate([follow_up], params, use_tqdm=False)[0]
-            check.expect(predicted == second.num_cached_tokens == 8,
-                         f"your hashes predict {predicted} cached prompt tokens for a follow-up sharing 10 tokens; "
-                         f"the engine found {second.num_cached_tokens} (expected 8: two full blocks of 4)")
+        if check.result.failures:
+            return
+        # Inside the engine: lookup_prefix and cache_full_blocks both hash with the learner's method.
+        options = dict(engine="paged", device="cpu", block_size=4, num_gpu_blocks=64, enable_prefix_caching=True,
+                       debug_checks=True)
+        reference = LLM(model, **options)  # type: ignore[arg-type]
+        prompts = shared_prefix_prompts(reference.tokenizer)
+        want_cached, want_ids = prefix_cache_run(reference, prompts, max_tokens)
+        mine = LLM(model, block_manager_cls=cls_, **options)  # type: ignore[arg-type]
+        got_cached, got_ids = prefix_cache_run(mine, prompts, max_tokens)
+        for i, (got_n, want_n) in enumerate(zip(got_cached, want_cached)):
+            if got_n != want_n:
+                check.expect(False, f"request {i} of {len(prompts)} (prompts sharing prefixes, blocks of 4) found "
+                             f"{got_n} prompt tokens in the prefix cache with your hashes, {want_n} with labkit's")
+                break
+        for i, (got, want) in enumerate(zip(got_ids, want_ids)):
+            if got != want:
+                check.expect(False, f"request {i}: with your hashes the engine's greedy tokens differ from labkit's "
+                             f"at output token {first_difference(got, want)}: a cached block was reused after a "
+                             "different prefix")
+                break
+        bm, ref_bm = mine.engine.block_manager, reference.engine.block_manager
+        check.expect((bm.num_hit_tokens, bm.num_queried_tokens) == (ref_bm.num_hit_tokens, ref_bm.num_queried_tokens),
+                     f"prefix-cache hits: {bm.num_hit_tokens} of {bm.num_queried_tokens} prompt tokens with your "
+                     f"hashes, {ref_bm.num_hit_tokens} of {ref_bm.num_queried_tokens} with labkit's")
+        registered, want_registered = set(bm.hash_to_block_id), set(ref_bm.hash_to_block_id)
+        check.expect(registered == want_registered,
+                     f"the engine's block manager registered {len(registered - want_registered)} block hash(es) that "
+                     f"labkit's does not (of {len(registered)}): cache_full_blocks hashes with your block_hashes too")
 
     return run_checker(
         "Task 2 (chained block hash)",
-        "loop over the full blocks only (len(token_ids) // block_size of them); hash each with "
+        "loop over the full blocks only (len(token_ids) // self.block_size of them); hash each with "
         "hash_block(parent, tuple(block_tokens)) where parent is the previous block's hash (None for the first).",
         body,
     )

@@ -1,72 +1,92 @@
 """Checkers for notebook 07 (``07_continuous_batching``).
 
-Task 1 mirrors ``labkit.engine.sched.policy.admit_fcfs``: the admission rule of the ``continuous``
-engine's scheduler. Given the free slots, the token budget left after this step's decodes, the free KV
-blocks, and each waiting request's needs (tokens, blocks) in queue order, which requests join this step?
+Task 1 is a ``Scheduler`` subclass that overrides ``Scheduler.schedule_waiting``: the admission rule of the
+``continuous`` engine (first come, first served while a slot, the token budget and the KV blocks allow; the
+first request that does not fit stops admission). The checker runs engine ``continuous`` with the learner's
+class (``LLM(..., scheduler_cls=...)``) on a workload whose KV pool is small enough for preemption to happen,
+and reads every step's admission (``labkit.exercises.scheduling``): admitted requests are a prefix of the
+queue, no more than ``max_num_seqs`` run, admissions fit the budget and are whole prompts, and a request
+left waiting did not fit. Then the run must match labkit's own scheduler: the same greedy tokens, the
+same batch at every step, and no KV block left in use.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
-
+from labkit.cache.block_manager import PoolExhausted
+from labkit.engine.sched.scheduler import Scheduler
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.engine.sched.policy import admit_fcfs
+from labkit.exercises.scheduling import (
+    TrialRequest,
+    TrialSetup,
+    WaitingCall,
+    check_run,
+    require_scheduler,
+    run_trial,
+    show,
+)
 
-Admit = Callable[[Sequence[tuple[int, int]], int, int, int], Sequence[int]]
-
-# (waiting [(tokens, blocks)], free slots, token budget, free blocks) -> indices admitted, worked out by hand
-ADMISSION_CASES: list[tuple[list[tuple[int, int]], int, int, int, list[int], str]] = [
-    ([(10, 1), (20, 2), (30, 2)], 4, 100, 10, [0, 1, 2], "everything fits"),
-    ([(10, 1), (20, 2), (30, 2)], 2, 100, 10, [0, 1], "only two free slots"),
-    ([(60, 4), (50, 4), (5, 1)], 4, 100, 10, [0], "the 50-token prompt exceeds the 40 tokens left; the small one "
-                                                   "behind it must not jump the queue (FCFS)"),
-    ([(10, 1), (20, 5), (5, 1)], 4, 100, 5, [0], "the second request needs 5 blocks but only 4 are left; FCFS stops"),
-    ([(100, 7)], 4, 100, 7, [0], "a prompt exactly the size of the budget and of the free blocks fits"),
-    ([(101, 7)], 4, 100, 7, [], "a prompt one token over the budget waits (prompts are prefilled whole)"),
-    ([], 4, 100, 10, [], "nobody waiting"),
-    ([(10, 1)], 0, 100, 10, [], "no free slot"),
-    ([(16, 1), (16, 1), (16, 1)], 3, 40, 10, [0, 1],
-     "each admission uses up budget: 16 + 16 fit in 40, a third does not"),
-    ([(16, 2), (16, 2), (16, 2)], 3, 100, 5, [0, 1], "each admission uses up blocks: 2 + 2 fit in 5, a third does not"),
-]
-
-
-def random_cases(seed: int = 7, n: int = 200) -> list[tuple[list[tuple[int, int]], int, int, int]]:
-    """Seeded random situations, answered by the reference (the same ones tests/ use)."""
-    rng = random.Random(seed)
-    cases = []
-    for _ in range(n):
-        waiting = []
-        for _ in range(rng.randint(0, 6)):
-            tokens = rng.randint(1, 300)
-            waiting.append((tokens, -(-tokens // 16)))
-        cases.append((waiting, rng.randint(0, 5), rng.randint(0, 600), rng.randint(0, 40)))
-    return cases
+# Three slots, a 64-token budget and 12 blocks of 8 tokens: each limit stops admission at some step, a small
+# request waits behind a big one, and the pool runs dry mid-generation (preemptions).
+ADMISSION_TRIAL = TrialSetup(
+    engine="continuous",
+    requests=(TrialRequest(24, 12), TrialRequest(20, 8), TrialRequest(30, 10), TrialRequest(8, 6),
+              TrialRequest(36, 4), TrialRequest(12, 10), TrialRequest(6, 3)),
+    max_num_seqs=3, max_num_batched_tokens=64, block_size=8, num_gpu_blocks=12,
+)
 
 
-def check_admit_fcfs(fn: Admit) -> CheckResult:
-    """Task 1: ``fn(waiting, num_free_slots, token_budget, num_free_blocks)`` returns the indices admitted."""
+def admission_problem(step: int, call: WaitingCall, max_num_seqs: int) -> str | None:
+    """What is wrong with one ``schedule_waiting`` call, or None."""
+    queue = [name for name, _, _ in call.queue]
+    admitted = list(call.admitted)
+    if isinstance(call.error, PoolExhausted):
+        name, num_new, blocks = next(entry for entry in call.queue if entry[0] not in call.admitted)
+        return (f"step {step}: admitting {name} ({num_new} tokens, {blocks} KV blocks) ran the pool out of blocks "
+                f"({call.free_blocks} were free before this step's admissions): ask "
+                "bm.can_allocate(seq, num_new, cached) before allocating, and stop if it says no")
+    if call.error is not None:
+        return None  # any other error is reported as such, with its line
+    if admitted != queue[: len(admitted)]:
+        jumped = next(name for name in admitted if name not in queue[: len(admitted)])
+        skipped = next(name for name in queue[: len(admitted)] if name not in admitted)
+        return (f"step {step}: {jumped} was admitted while {skipped}, ahead of it in the queue {queue}, kept waiting: "
+                "first come, first served stops at the first request that does not fit (break, not continue)")
+    if call.num_running_after > max_num_seqs:
+        return (f"step {step}: {call.num_running_after} requests were running after admission, more than "
+                f"max_num_seqs = {max_num_seqs} ({call.free_slots} slot(s) were free and you admitted "
+                f"{', '.join(admitted)}): admit only while len(self.running) < self.max_num_seqs")
+    used = sum(call.admitted.values())
+    if used > call.budget:
+        return (f"step {step}: you admitted {show(call.admitted)} (request: tokens) = {used} tokens, but only "
+                f"{call.budget} of the step's budget were left: each admission must fit what is left, and uses it up")
+    for (name, num_new, _), n in zip(call.queue, call.admitted.values()):
+        if n != num_new:
+            return (f"step {step}: {name} was admitted with {n} of the {num_new} tokens it must compute: engine "
+                    "continuous prefills a prompt whole (if it does not fit the budget, it waits)")
+    if call.head_fit is not None:
+        name, num_new, blocks = call.head_fit
+        return (f"step {step}: {name} ({num_new} tokens, {blocks} KV blocks) was left waiting although it fit: "
+                f"{max_num_seqs - call.num_running_after} slot(s), {call.budget_left} tokens of budget and "
+                f"{call.free_blocks_left} free blocks were left. Admit while a slot, the budget and the blocks allow")
+    return None
+
+
+def check_schedule_waiting(cls: type[Scheduler], model: str = "labkit-tiny") -> CheckResult:
+    """Task 1: ``cls`` (a ``Scheduler`` subclass) admits waiting requests as the ``continuous`` engine must."""
 
     def body(check: Check) -> None:
-        for waiting, slots, budget, blocks, want, why in ADMISSION_CASES:
-            got = list(fn(list(waiting), slots, budget, blocks))
-            check.expect(got == want, f"waiting={waiting}, free slots={slots}, budget={budget}, free blocks="
-                                      f"{blocks}: got {got}, expected {want} ({why})")
-        wrong = 0
-        for waiting, slots, budget, blocks in random_cases():
-            want = admit_fcfs(waiting, slots, budget, blocks)
-            got = list(fn(list(waiting), slots, budget, blocks))
-            if got != want:
-                wrong += 1
-                if wrong == 1:
-                    check.expect(False, f"random case waiting={waiting}, free slots={slots}, budget={budget}, free "
-                                        f"blocks={blocks}: got {got}, expected {want}")
-        check.expect(wrong == 0, f"{wrong} of 200 random situations answered differently from the scheduler's rule")
+        trial = run_trial(require_scheduler(cls), ADMISSION_TRIAL, model)
+        for plan in trial.plans:
+            problem = plan.waiting and admission_problem(plan.step, plan.waiting, ADMISSION_TRIAL.max_num_seqs)
+            if problem:
+                check.expect(False, problem)
+                return
+        check_run(check, trial, "schedule_waiting")
 
     return run_checker(
-        "Task 1 (admit_fcfs)",
-        "walk the queue in order; stop (break, not skip) at the first request lacking a slot, budget "
-        "(tokens <= budget left) or blocks (blocks <= blocks left); subtract what each admitted request takes.",
+        "Task 1 (schedule_waiting)",
+        "loop while the queue is not empty and len(self.running) < self.max_num_seqs; take self.waiting[0]; if its "
+        "tokens exceed the budget left or bm.can_allocate(seq, num_new, cached) is False, break (never skip it); "
+        "else popleft, allocate, admit, and subtract its tokens from the budget.",
         body,
     )

@@ -1,74 +1,92 @@
 """Checkers for notebook 08 (``08_chunked_prefill``).
 
-Task 1 mirrors ``labkit.engine.sched.policy.fill_token_budget``: the budget-filling policy of the
-``chunked`` engine's scheduler (Sarathi-Serve, vLLM's default): decodes first, then the next chunk of
-each partial prefill, then waiting prompts FCFS, each prefill taking min(tokens left, budget left).
+Task 1 is a ``Scheduler`` subclass that overrides ``Scheduler.schedule_running``: the first half of the
+``chunked`` engine's budget-filling policy (Sarathi-Serve, vLLM's default). Every running decode gets its one
+token first, then each running sequence part-way through its prompt gets its next chunk,
+``min(tokens left, budget left)``; the method returns the budget left, which admissions then fill. The
+checker runs engine ``chunked`` with the learner's class (``LLM(..., scheduler_cls=...)``) on short requests
+that are decoding when a long prompt arrives, and reads every step's plan (``labkit.exercises.scheduling``):
+no decode is stalled while the prompt is chunked, no step exceeds the budget, every partial prefill takes
+what the budget allows, and the budget returned is what is left. Then the run must match labkit's own
+scheduler: the same greedy tokens, the same batch at every step, and no KV block left in use.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
-from typing import Any
-
+from labkit.engine.sched.scheduler import Scheduler
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.engine.sched.policy import fill_token_budget
+from labkit.exercises.scheduling import (
+    StepPlan,
+    TrialRequest,
+    TrialSetup,
+    check_run,
+    require_scheduler,
+    run_trial,
+    show,
+)
 
-FillBudget = Callable[[int, Sequence[int], Sequence[int], int, int], Any]
-
-# (decodes, partial prefills, waiting, budget, free slots) -> (decodes, partials, waiting), worked out by hand
-BUDGET_CASES: list[tuple[int, list[int], list[int], int, int, tuple[list[int], list[int], list[int]], str]] = [
-    (3, [], [100], 64, 4, ([1, 1, 1], [], [61]),
-     "three decodes take 3 tokens; the new prompt gets a first chunk of 61"),
-    (0, [], [20, 30, 50], 64, 4, ([], [], [20, 30, 14]), "short prompts whole, the last one chunked to the 14 left"),
-    (2, [40], [10], 32, 4, ([1, 1], [30], [0]), "the partial prefill takes the 30 left; nothing for the waiting one"),
-    (5, [], [8], 4, 4, ([1, 1, 1, 1, 0], [], [0]), "a budget smaller than the decodes: the first four decode"),
-    (1, [5, 5], [5, 5], 100, 1, ([1], [5, 5], [5, 0]), "one free slot: only one waiting request may join"),
-    (0, [], [10, 10], 100, 0, ([], [], [0, 0]), "no free slot: nobody joins"),
-    (2, [3], [4, 100, 1], 10, 8, ([1, 1], [3], [4, 1, 0]), "10 = 2 decodes + 3 + 4 + a 1-token chunk of the long one"),
-    (0, [600], [], 512, 4, ([], [512], []), "a long partial prefill is cut to the budget"),
-    (4, [], [], 512, 4, ([1, 1, 1, 1], [], []), "decodes only"),
-]
-
-
-def _as_lists(result: Any) -> tuple[list[int], list[int], list[int]]:
-    if isinstance(result, dict):
-        return list(result["decodes"]), list(result["partials"]), list(result["waiting"])
-    decodes, partials, waiting = result
-    return list(decodes), list(partials), list(waiting)
+# Three short requests decoding when a 100-token prompt arrives (step 3), and one more short one behind it
+# (step 4): with a 32-token budget the long prompt is split over four steps while the decodes go on.
+BUDGET_TRIAL = TrialSetup(
+    engine="chunked",
+    requests=(TrialRequest(8, 14), TrialRequest(10, 14), TrialRequest(6, 14), TrialRequest(100, 3, arrival_step=3),
+              TrialRequest(12, 4, arrival_step=4)),
+    max_num_seqs=5, max_num_batched_tokens=32, block_size=8, num_gpu_blocks=64,
+)
 
 
-def random_cases(seed: int = 8, n: int = 200) -> list[tuple[int, list[int], list[int], int, int]]:
-    """Seeded random situations, answered by the reference (the same ones tests/ use)."""
-    rng = random.Random(seed)
-    return [(rng.randint(0, 12), [rng.randint(2, 900) for _ in range(rng.randint(0, 2))],
-             [rng.randint(1, 900) for _ in range(rng.randint(0, 4))], rng.choice([8, 16, 32, 64, 128, 256, 512]),
-             rng.randint(0, 4)) for _ in range(n)]
+def budget_problem(plan: StepPlan) -> str | None:
+    """What is wrong with one step's ``schedule_running`` call, or None."""
+    call, step = plan.running, plan.step
+    if call is None or call.error is not None:
+        return None  # a call that raised is reported as such, with its line
+    if isinstance(call.returned, bool) or not isinstance(call.returned, int):
+        return (f"step {step}: your schedule_running returned {call.returned!r}; it must return the budget left "
+                "(an int), which the admission of waiting requests then fills")
+    used = sum(call.tokens.values())
+    if used > call.budget:
+        return (f"step {step}: your schedule_running scheduled {show(call.tokens)} (request: tokens) = {used} "
+                f"tokens with a budget of {call.budget}: cap each chunk at the budget left, min(tokens left, budget)")
+    if plan.num_preemptions == 0 and call.budget >= len(plan.decoding):
+        prefills = {name: n for name, n in call.tokens.items() if name not in plan.decoding}
+        for name in plan.decoding:
+            got = call.tokens.get(name, 0)
+            if got == 0:
+                return (f"step {step}: {name} was decoding but got no token (a decode stall) while "
+                        f"{show(prefills)} (request: prompt tokens) were scheduled: give every decode its 1 token "
+                        "first, then fill what is left of the budget with prefill chunks")
+            if got != 1:
+                return f"step {step}: {name} is decoding and computes exactly 1 token per step, got {got}"
+    for name, left in plan.prefilling.items():
+        got = call.tokens.get(name, 0)
+        if got > left:
+            return f"step {step}: {name} had {left} prompt tokens left but was given {got}"
+        if got < left and call.budget - used > 0 and plan.num_preemptions == 0:
+            return (f"step {step}: {name} had {left} prompt tokens left and got {got} although "
+                    f"{call.budget - used} tokens of the {call.budget}-token budget were still unused: give each "
+                    "partial prefill min(tokens left, budget left)")
+    if call.returned != call.budget - used:
+        return (f"step {step}: you scheduled {used} tokens of the {call.budget}-token budget but returned "
+                f"{call.returned}: return what is left ({call.budget - used}), so admissions cannot overfill the step")
+    return None
 
 
-def check_fill_token_budget(fn: FillBudget) -> CheckResult:
-    """Task 1: ``fn(num_decodes, partial_prefills, waiting, token_budget, num_free_slots)`` returns
-    (decodes, partials, waiting): the tokens each computes this step, as three lists."""
+def check_schedule_running(cls: type[Scheduler], model: str = "labkit-tiny") -> CheckResult:
+    """Task 1: ``cls`` (a ``Scheduler`` subclass) fills the token budget as the ``chunked`` engine must."""
 
     def body(check: Check) -> None:
-        for decodes, partials, waiting, budget, slots, want, why in BUDGET_CASES:
-            got = _as_lists(fn(decodes, list(partials), list(waiting), budget, slots))
-            check.expect(got == want, f"decodes={decodes}, partials={partials}, waiting={waiting}, budget={budget}, "
-                                      f"free slots={slots}: got {got}, expected {want} ({why})")
-        wrong = 0
-        for decodes, partials, waiting, budget, slots in random_cases():
-            want = tuple(fill_token_budget(decodes, partials, waiting, budget, slots))
-            got = _as_lists(fn(decodes, list(partials), list(waiting), budget, slots))
-            if got != want:
-                wrong += 1
-                if wrong == 1:
-                    check.expect(False, f"random case decodes={decodes}, partials={partials}, waiting={waiting}, "
-                                        f"budget={budget}, free slots={slots}: got {got}, expected {list(want)}")
-        check.expect(wrong == 0, f"{wrong} of 200 random situations answered differently from the scheduler's rule")
+        trial = run_trial(require_scheduler(cls), BUDGET_TRIAL, model)
+        for plan in trial.plans:
+            problem = budget_problem(plan)
+            if problem:
+                check.expect(False, problem)
+                return
+        check_run(check, trial, "schedule_running")
 
     return run_checker(
-        "Task 1 (fill_token_budget)",
-        "give every decode 1 token while budget lasts; then each partial prefill min(left, budget); then admit "
-        "waiting prompts in order while a slot and budget remain, each min(prompt, budget); return 0 for the rest.",
+        "Task 1 (schedule_running)",
+        "first every decode (num_uncomputed_tokens == 1): self.reserve(seq, 1, out) and budget -= 1 while budget "
+        ">= 1; then each partial prefill: n = min(seq.num_uncomputed_tokens, budget), self.reserve(seq, n, out), "
+        "budget -= n; return budget.",
         body,
     )

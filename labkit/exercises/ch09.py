@@ -13,8 +13,8 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-from labkit.metrics.benchmark import RequestRecord, request_goodput
 from labkit.exercises import Check, CheckResult, run_checker
+from labkit.metrics.benchmark import RequestRecord, request_goodput
 
 Goodput = Callable[[Sequence[RequestRecord], Mapping[str, float], float], float]
 
