@@ -160,7 +160,7 @@ keeps your version in `notebooks/.backups/`. `--list` shows which notebooks you 
 ## Check the installation
 
 `cd workbook && make test` runs every test offline (unit tests, then every notebook in smoke mode). For a
-quicker check, `.venv/bin/python -m pytest -o addopts="" tests/test_exercises.py` runs the exercise checkers.
+quicker check, `.venv/bin/python -m pytest -o addopts="" tests/exercises/test_exercises.py` runs the exercise checkers.
 """
 
 

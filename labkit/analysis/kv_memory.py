@@ -16,7 +16,7 @@ A request's life, counted as the engines count it: the prefill step computes the
 sequence finishes when it samples its last token, whose K/V are never computed. So during step
 ``s = 0 .. output_len - 1`` the cache holds ``prompt_len + s`` of its tokens, and at most
 ``peak_len = prompt_len + output_len - 1``. ``paged_blocks_per_step`` predicts the ``paged``
-engine's ``StepStats.kv_blocks_used`` from this alone (tests/test_kv_memory.py checks it).
+engine's ``StepStats.kv_blocks_used`` from this alone (tests/analysis/test_kv_memory.py checks it).
 """
 
 from __future__ import annotations
