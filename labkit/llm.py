@@ -41,7 +41,8 @@ class LLM:
 
     Args:
         model: the bundled model's name ("labkit-tiny"), a checkpoint folder, or a preset name.
-        engine: a name from ``ENGINES``; defaults to the last (most complete) engine.
+        engine: a name from ``ENGINES`` (default: the last, most complete one), or an ``Engine`` subclass
+            (a learner's engine: its own class runs).
         device: "auto" (cuda, then mps, then cpu), or a torch device string.
         dtype: "auto" (bf16 on capable GPUs, float32 elsewhere), "float32", "bfloat16", "float16", "float64".
         seed: seeds unseeded sampled requests, so a whole run is reproducible.
@@ -51,14 +52,14 @@ class LLM:
     def __init__(
         self,
         model: str | Path = BUNDLED_MODEL,
-        engine: str | None = None,
+        engine: str | type[Engine] | None = None,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
         seed: int = 0,
         **engine_options: object,
     ) -> None:
         engine = engine or default_engine()
-        engine_class(engine, engine_options)  # unknown engine or option: fail before loading anything
+        cls = engine_class(engine, engine_options)  # unknown engine or option: fail before loading anything
         self.source: ModelSource = resolve_model_source(model)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -69,7 +70,7 @@ class LLM:
             else load_checkpoint(self.source.checkpoint, self.device, self.dtype)  # type: ignore[arg-type]
         )
         self.tokenizer = load_tokenizer(self.source.tokenizer_path)
-        self.engine_name = engine
+        self.engine_name: str = engine if isinstance(engine, str) else cls.name
         self.engine: Engine = create_engine(engine, self.model, **engine_options)
         self.max_model_len: int = self.engine.config.max_model_len  # type: ignore[assignment]
         self.eos_token_ids = eos_token_ids(self.source, self.tokenizer)

@@ -30,22 +30,29 @@ def default_engine() -> str:
     return list(ENGINES)[-1]
 
 
-def engine_class(name: str, options: dict[str, object]) -> type[Engine]:
-    """The engine class for ``name``; raise a clear error for an unknown engine or option (before any loading)."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; engines are (in teaching order): {', '.join(ENGINES)}")
-    cls = ENGINES[name]
+def engine_class(engine: str | type[Engine], options: dict[str, object]) -> type[Engine]:
+    """The engine class for a name in ``ENGINES`` or an ``Engine`` subclass (a learner's engine, notebooks 02 and 05);
+    a clear error for an unknown engine or option, before anything is loaded."""
+    if isinstance(engine, type) and issubclass(engine, Engine):
+        cls = engine
+        name = f"{cls.__name__} (engine {getattr(cls, 'name', '?')!r})"
+    elif isinstance(engine, str) and engine in ENGINES:
+        cls, name = ENGINES[engine], repr(engine)
+    else:
+        raise ValueError(f"unknown engine {engine!r}; engines are (in teaching order): {', '.join(ENGINES)}, "
+                         "or a subclass of labkit.engine.Engine")
     accepted = [f.name for f in dataclasses.fields(cls.config_class)]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ValueError(f"engine {name!r} does not take option(s) {', '.join(unknown)}; "
+        raise ValueError(f"engine {name} does not take option(s) {', '.join(unknown)}; "
                          f"it accepts: {', '.join(accepted)}")
     return cls
 
 
-def create_engine(name: str, model: CausalLM, **options: object) -> Engine:
-    """Build engine ``name`` over ``model``; ``max_model_len`` defaults to the model's limit."""
-    cls = engine_class(name, options)
+def create_engine(engine: str | type[Engine], model: CausalLM, **options: object) -> Engine:
+    """Build ``engine`` (a name in ``ENGINES`` or an ``Engine`` subclass) over ``model``; ``max_model_len`` defaults
+    to the model's limit."""
+    cls = engine_class(engine, options)
     config = cls.config_class(**options)  # type: ignore[arg-type]  # checked by the config's __post_init__
     limit = model.config.max_position_embeddings
     if config.max_model_len is None:

@@ -21,6 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from labkit.exercises.tasks import TASKS, Task
+
+__all__ = ["TASKS", "Check", "CheckResult", "Task", "run_checker", "use_or_reference"]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

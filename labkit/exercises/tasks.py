@@ -1,0 +1,112 @@
+"""Every task of the workbook, in one list: ``TASKS`` maps a task id (``"07.schedule_waiting"``) to its notebook,
+the labkit symbol it builds, its checker and labkit's reference.
+
+The tests of the checkers, the answer key (``scripts/make_answer_key.py``) and the guides' task tables are
+generated from, or checked against, this list. Names are dotted paths, resolved only when used, so importing
+the list is cheap. *Build* tasks are the chapter's core component, written by the learner and run inside the real
+engine (a subclass passed with ``scheduler_cls=``, ``block_manager_cls=``, ``attention_backend=``,
+``kv_cache_cls=`` or ``engine=``); the others are smaller exercises that still teach one formula or rule.
+Introduced in notebook 00 (``00_setup_and_hardware``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+def resolve(dotted: str) -> Any:
+    """``"labkit.a.b.C.f"`` -> the object: import the longest module prefix, then walk the attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"cannot import {dotted!r}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: where it is taught, what it builds, how it is checked, what it falls back to. Notebook 00."""
+
+    id: str  # "NN.name"
+    notebook: str  # e.g. "07_continuous_batching"
+    title: str
+    symbol: str  # the labkit function, or Class.method, the learner writes
+    checker: str  # dotted name of the checker the notebook's check cell calls
+    reference: str  # dotted name of labkit's own function or class (what the notebook falls back to)
+    minutes: int  # expected time for a learner, from reading the task to a passing check
+    runs_inside: str = ""  # the engine(s) the learner's code runs in ("" for a function checked on its own)
+    catches: tuple[str, ...] = ()  # typical mistakes its checker catches (the guides list them)
+
+    @property
+    def is_build(self) -> bool:
+        """A build task: the learner's code runs inside the real engine."""
+        return bool(self.runs_inside)
+
+    def load_checker(self) -> Any:
+        return resolve(self.checker)
+
+    def load_reference(self) -> Any:
+        return resolve(self.reference)
+
+
+def _tasks(*tasks: Task) -> dict[str, Task]:
+    return {t.id: t for t in tasks}
+
+
+TASKS: dict[str, Task] = _tasks(
+    Task("00.attainable_flops", "00_setup_and_hardware", "the roofline formula",
+         "labkit.analysis.hardware.attainable_flops", "labkit.exercises.ch00.check_attainable_flops",
+         "labkit.analysis.hardware.attainable_flops", 5,
+         catches=("max instead of min", "bandwidth divided by the intensity")),
+    Task("01.request_latencies", "01_anatomy_of_a_request", "latencies from timestamps",
+         "labkit.metrics.request.compute_latencies", "labkit.exercises.ch01.check_request_latencies",
+         "labkit.metrics.request.compute_latencies", 10,
+         catches=("TPOT divided by all output tokens", "TTFT not measured from the arrival")),
+    Task("02.top_p", "02_naive_generation", "top-p (nucleus) filtering",
+         "labkit.engine.sampler.apply_top_p", "labkit.exercises.ch02.check_top_p",
+         "labkit.engine.sampler.apply_top_p", 15,
+         catches=("the token that crosses p dropped", "the filter left in sorted order")),
+    Task("03.write_kv", "03_kv_cache", "the cache update",
+         "labkit.cache.contiguous.write_kv", "labkit.exercises.ch03.check_write_kv",
+         "labkit.cache.contiguous.write_kv", 10, runs_inside="kvcache",
+         catches=("not transposed back to (B, T, heads, d)", "writing from column 0 every step")),
+    Task("04.decode_cost", "04_prefill_vs_decode", "the cost of a decode step",
+         "labkit.analysis.roofline.decode_cost", "labkit.exercises.ch04.check_decode_cost",
+         "labkit.analysis.roofline.decode_cost", 15,
+         catches=("no KV read", "KV per query head (GQA ignored)", "weights read per sequence", "no lm_head")),
+    Task("05.static_batch_tokens", "05_static_batching", "what does one static batch compute?",
+         "labkit.analysis.batching.static_batch_tokens", "labkit.exercises.ch05.check_static_batch_tokens",
+         "labkit.analysis.batching.static_batch_tokens", 10,
+         catches=("no padding counted", "no idle slots counted", "the last token computed")),
+    Task("06.slot", "06_paged_attention", "the slot mapping",
+         "labkit.cache.block_manager.BlockManager.slot", "labkit.exercises.ch06.check_slot",
+         "labkit.cache.block_manager.BlockManager", 10, runs_inside="paged",
+         catches=("off-by-one block index", "offset not multiplied by block_size")),
+    Task("06.block_hashes", "06_paged_attention", "the prefix cache's block hash",
+         "labkit.cache.block_manager.BlockManager.block_hashes", "labkit.exercises.ch06.check_block_hashes",
+         "labkit.cache.block_manager.BlockManager", 15, runs_inside="paged (prefix caching)",
+         catches=("hash not chained to the parent", "the partial last block hashed")),
+    Task("07.schedule_waiting", "07_continuous_batching", "the admission rule",
+         "labkit.engine.sched.scheduler.Scheduler.schedule_waiting", "labkit.exercises.ch07.check_schedule_waiting",
+         "labkit.engine.sched.scheduler.Scheduler", 25, runs_inside="continuous",
+         catches=("a later, smaller request jumps the queue", "max_num_seqs ignored", "KV blocks not checked")),
+    Task("08.schedule_running", "08_chunked_prefill", "the budget-filling rule",
+         "labkit.engine.sched.scheduler.Scheduler.schedule_running", "labkit.exercises.ch08.check_schedule_running",
+         "labkit.engine.sched.scheduler.Scheduler", 25, runs_inside="chunked",
+         catches=("prefill chunks before decodes", "a chunk not capped by the budget")),
+    Task("09.goodput", "09_serving_and_metrics", "goodput from per-request records",
+         "labkit.metrics.benchmark.request_goodput", "labkit.exercises.ch09.check_goodput",
+         "labkit.metrics.benchmark.request_goodput", 10,
+         catches=("any one SLO is enough", "failed requests counted", "per request, not per second")),
+    Task("10.idle_fraction", "10_profiling_host_overhead", "the idle fraction from trace events",
+         "labkit.profiling.trace_analysis.idle_fraction", "labkit.exercises.ch10.check_idle_fraction",
+         "labkit.profiling.trace_analysis.idle_fraction", 15,
+         catches=("nested events counted twice", "events not clipped to the window", "events not sorted")),
+)
