@@ -1,4 +1,5 @@
-"""Generate docs/answer_key.md: every notebook exercise with labkit's reference solution, in one place.
+"""Generate docs/answer_key.md, and the task tables of the learner path and the instructor guide, from the notebooks
+and ``labkit.exercises.TASKS``: every notebook exercise with labkit's reference solution, in one place.
 
     .venv/bin/python scripts/make_answer_key.py           # (re)write docs/answer_key.md
     .venv/bin/python scripts/make_answer_key.py --check   # exit 1 if docs/answer_key.md is out of date
@@ -7,9 +8,9 @@ Nothing here is written by hand: the tasks come from the notebooks themselves. F
 it finds the stub cell after it and the check cell ``x = use_or_reference(check_x(x), x, REFERENCE)``, and it
 shows the source of the labkit symbol the task says it mirrors (``It mirrors **`labkit....`**``, a function) or
 replaces (``It replaces **`labkit....Class.method`**``, a method the learner's subclass overrides and the engine
-then runs), and of REFERENCE (what the notebook falls back to) when that is another function. tests/workbook/test_answer_key.py
-fails when the committed key differs from a fresh one, when a notebook's task is missing from it, or when a
-reference no longer passes its checker.
+then runs), and of REFERENCE (what the notebook falls back to) when that is another function.
+tests/workbook/test_answer_key.py fails when the committed key differs from a fresh one, when a notebook's task
+is missing from it, or when a reference no longer passes its checker.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from labkit.exercises.tasks import TASKS
+from labkit.exercises.tasks import Task as RegistryTask
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
@@ -52,6 +56,7 @@ class Task:
     checker: Callable[..., Any]
     reference: Callable[..., Any]
     mirrored: Any
+    entry: RegistryTask  # its entry in labkit.exercises.TASKS (expected minutes, mistakes caught)
 
     @property
     def key(self) -> str:
@@ -118,8 +123,10 @@ def resolve_name(expr: str, imports: dict[str, str]) -> str:
                          f"or write it as labkit.<module>.{expr}")
 
 
-def collect_tasks(notebooks: Path = NOTEBOOKS) -> list[Task]:
-    """Every Task of every notebook, in order, with its stub, checker and reference resolved."""
+def collect_tasks(notebooks: Path = NOTEBOOKS, registry: dict[str, RegistryTask] | None = None) -> list[Task]:
+    """Every Task of every notebook, in order, with its stub, checker and reference resolved, each matched with its
+    entry in ``registry`` (default: ``labkit.exercises.TASKS``), which must list exactly these tasks."""
+    registry = TASKS if registry is None else registry
     tasks: list[Task] = []
     for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
@@ -146,13 +153,27 @@ def collect_tasks(notebooks: Path = NOTEBOOKS) -> list[Task]:
                                          "check cell calling use_or_reference(check_...(...), ..., reference)")
                 checker_name = resolve_name(check[0], imports)
                 reference_name = resolve_name(check[1], imports)
+                entry = registry_entry(registry, path.stem, checker_name, where)
                 tasks.append(Task(
                     notebook=path.stem, number=int(match.group(1)), title=match.group(2), mirrors=mirrors.group(1),
                     stub=stub.strip(), checker_name=checker_name, reference_expr=check[1],
                     checker=resolve_dotted(checker_name), reference=resolve_dotted(reference_name),
-                    mirrored=resolve_dotted(mirrors.group(1)),
+                    mirrored=resolve_dotted(mirrors.group(1)), entry=entry,
                 ))
+    missing = sorted(set(registry) - {t.entry.id for t in tasks})
+    if missing:
+        raise AnswerKeyError(f"labkit.exercises.TASKS lists {', '.join(missing)}, which no notebook has "
+                             "(a Task heading followed by its stub and check cell)")
     return tasks
+
+
+def registry_entry(registry: dict[str, RegistryTask], notebook: str, checker_name: str, where: str) -> RegistryTask:
+    """The registry entry of a notebook's task, found by its notebook and its checker."""
+    found = [t for t in registry.values() if t.notebook == notebook and t.checker == checker_name]
+    if len(found) != 1:
+        raise AnswerKeyError(f"{where}: labkit.exercises.TASKS has {len(found)} entries for notebook {notebook} with "
+                             f"checker {checker_name}; add exactly one (labkit/exercises/tasks.py)")
+    return found[0]
 
 
 def checker_hint(task: Task) -> str:
@@ -199,8 +220,8 @@ def render(tasks: list[Task]) -> str:
         "# Answer key",
         "",
         "<!-- Generated by scripts/make_answer_key.py from the notebooks and labkit's reference implementations. "
-        "Do not edit by hand: run `.venv/bin/python scripts/make_answer_key.py`. tests/workbook/test_answer_key.py fails "
-        "when this file is out of date. -->",
+        "Do not edit by hand: run `.venv/bin/python scripts/make_answer_key.py`. "
+        "tests/workbook/test_answer_key.py fails when this file is out of date. -->",
         "",
         "**Spoilers.** Every exercise of the workbook with the reference solution the notebook falls back to. "
         "Each solution is labkit's own code, the code the engines run, so a learner's answer is right when the "
@@ -208,13 +229,13 @@ def render(tasks: list[Task]) -> str:
         "column names the function the check cell calls; the tests named beside it show that the checker passes "
         "this reference and fails planted bugs.",
         "",
-        "| notebook | task | labkit symbol | checker | tested in |",
-        "|---|---|---|---|---|",
+        "| notebook | task | id | labkit symbol | runs inside | checker | tested in |",
+        "|---|---|---|---|---|---|---|",
     ]
     for t in tasks:
         tests = ", ".join(f"`{p}`" for p in tested_in(t.checker_name)) or "—"
-        out.append(f"| {t.notebook} | [Task {t.number}: {t.title}](#{t.key}) | `{t.mirrors}` | "
-                   f"`{t.checker_name.rsplit('.', 1)[1]}` | {tests} |")
+        out.append(f"| {t.notebook} | [Task {t.number}: {t.title}](#{t.key}) | `{t.entry.id}` | `{t.mirrors}` | "
+                   f"{t.entry.runs_inside or '—'} | `{t.checker_name.rsplit('.', 1)[1]}` | {tests} |")
     current = None
     for t in tasks:
         if t.notebook != current:
@@ -236,19 +257,50 @@ def render(tasks: list[Task]) -> str:
     return "\n".join(out) + "\n"
 
 
+GUIDES = (ROOT / "docs" / "learner_path.md", ROOT / "docs" / "instructor_guide.md")
+TABLE_BEGIN, TABLE_END = "<!-- tasks:begin (generated by scripts/make_answer_key.py) -->", "<!-- tasks:end -->"
+
+
+def task_table(tasks: list[Task]) -> str:
+    """Every task with its expected time and the mistakes its checker is tested to catch (for the guides)."""
+    rows = ["| notebook | task | runs inside the engine | expected time | mistakes the checker catches |",
+            "|---|---|---|---:|---|"]
+    for t in tasks:
+        caught = "; ".join(t.entry.catches) or "—"
+        rows.append(f"| {t.notebook[:2]} | Task {t.number}: {t.title} (`{t.entry.id}`) | "
+                    f"{t.entry.runs_inside or '— (checked on its own)'} | {t.entry.minutes} min | {caught} |")
+    total = sum(t.entry.minutes for t in tasks)
+    rows += ["", f"All {len(tasks)} tasks: about {total // 60} h {total % 60:02d} min of a learner's time, "
+             f"{sum(t.entry.is_build for t in tasks)} of them inside the real engine."]
+    return "\n".join(rows)
+
+
+def with_task_table(text: str, table: str, path: Path) -> str:
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise AnswerKeyError(f"{path.relative_to(ROOT)} has no {TABLE_BEGIN} ... {TABLE_END} block for the task table")
+    head, rest = text.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    return f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{tail}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed answer key is out of date")
     args = parser.parse_args()
-    text = render(collect_tasks())
-    if args.check:
-        if not ANSWER_KEY.is_file() or ANSWER_KEY.read_text(encoding="utf-8") != text:
-            sys.exit(f"{ANSWER_KEY.relative_to(ROOT)} is out of date: run .venv/bin/python scripts/make_answer_key.py")
-        print(f"{ANSWER_KEY.relative_to(ROOT)} is up to date")
-        return
-    ANSWER_KEY.parent.mkdir(parents=True, exist_ok=True)
-    ANSWER_KEY.write_text(text, encoding="utf-8")
-    print(f"wrote {ANSWER_KEY.relative_to(ROOT)}")
+    tasks = collect_tasks()
+    table = task_table(tasks)
+    outputs = {ANSWER_KEY: render(tasks)}
+    for guide in GUIDES:
+        outputs[guide] = with_task_table(guide.read_text(encoding="utf-8"), table, guide)
+    for path, text in outputs.items():
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                sys.exit(f"{path.relative_to(ROOT)} is out of date: run .venv/bin/python scripts/make_answer_key.py")
+            print(f"{path.relative_to(ROOT)} is up to date")
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -117,3 +117,40 @@ def test_checks_catch_planted_failures(planted_page: NotebookPage) -> None:
 
     move = planted_page.move_first_widget()
     assert move is not None and move.kind == "slider" and move.changed, move
+
+
+# --- a learner's wrong task: the notebook still runs, says what is wrong, and goes on with labkit's ------------
+
+WRONG_TASK_NOTEBOOK = "03_kv_cache.ipynb"
+# A typical mistake: the new K/V are returned but never written into the cache, so decode steps forget the prompt.
+WRONG_WRITE_KV = "def write_kv(cache, new, start):\n    return new  # deliberately wrong: nothing is written\n"
+
+
+@pytest.fixture
+def wrong_task_page(lab: Lab, browser: Browser) -> Iterator[NotebookPage]:
+    notebook = nbformat.read(NOTEBOOKS_DIR / WRONG_TASK_NOTEBOOK, as_version=4)
+    stubs = [c for c in notebook.cells if c.cell_type == "code" and "def write_kv(" in c.source
+             and "NotImplementedError" in c.source]
+    assert len(stubs) == 1, f"{WRONG_TASK_NOTEBOOK}: expected one write_kv stub cell, found {len(stubs)}"
+    stubs[0].source = WRONG_WRITE_KV
+    name = "zz_wrong_task.ipynb"  # written to the served copy only
+    nbformat.write(notebook, lab.root_dir / name)
+    page = NotebookPage(browser, lab, name)
+    try:
+        yield page
+    finally:
+        page.close()
+        lab.shut_down_kernels(name)
+
+
+def test_a_wrong_task_runs_to_the_end_says_why_and_uses_the_reference(wrong_task_page: NotebookPage) -> None:
+    wrong_task_page.run_all()
+    saved = wrong_task_page.save()
+    views = wrong_task_page.read_cells()
+    assert find_problems(saved, views) == []  # every cell ran, no error: the notebook went on
+    shown = [v.text for v in views if v.code and "write_kv" in v.text and "failed" in v.text]
+    assert shown, "no check cell shows the task's failure"
+    message = shown[0]
+    assert "Task 1 (write_kv)" in message and "check(s) failed" in message, message
+    assert "Hint:" in message, message  # the failure says what to look at
+    assert "uses labkit's reference" in message and "write_kv" in message, message  # and what runs instead

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import json
@@ -13,6 +14,7 @@ from types import ModuleType
 import pytest
 
 import labkit.exercises
+from labkit.exercises.tasks import Task as RegistryTask
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_answer_key.py"
@@ -117,9 +119,21 @@ CLASS_CHECK = ("from labkit import Scheduler\nfrom labkit.exercises import use_o
                "MyScheduler = use_or_reference(check_schedule_waiting(MyScheduler), MyScheduler, Scheduler)")
 
 
+def demo_registry(checker: str, reference: str, symbol: str) -> dict[str, RegistryTask]:
+    entry = RegistryTask("42.demo", "42_demo", "demo", symbol, checker, reference, 5)
+    return {entry.id: entry}
+
+
+ROOF_REGISTRY = demo_registry("labkit.exercises.ch00.check_attainable_flops",
+                              "labkit.analysis.hardware.attainable_flops", "labkit.analysis.hardware.attainable_flops")
+CLASS_REGISTRY = demo_registry("labkit.exercises.ch07.check_schedule_waiting",
+                               "labkit.engine.sched.scheduler.Scheduler",
+                               "labkit.engine.sched.scheduler.Scheduler.schedule_waiting")
+
+
 def test_collects_a_task_and_resolves_names_through_the_notebook_imports(tmp_path: Path) -> None:
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", CHECK)])
-    (task,) = key.collect_tasks(tmp_path)
+    (task,) = key.collect_tasks(tmp_path, ROOF_REGISTRY)
     from labkit.analysis.hardware import attainable_flops
     from labkit.exercises.ch00 import check_attainable_flops
 
@@ -133,7 +147,7 @@ def test_collects_a_task_and_resolves_names_through_the_notebook_imports(tmp_pat
 def test_a_subclass_task_shows_the_method_it_replaces(tmp_path: Path) -> None:
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", CLASS_TASK_MD), ("code", CLASS_STUB),
                                                ("code", CLASS_CHECK)])
-    (task,) = key.collect_tasks(tmp_path)
+    (task,) = key.collect_tasks(tmp_path, CLASS_REGISTRY)
     from labkit import Scheduler
 
     assert task.is_subclass and task.reference is Scheduler and task.mirrored is Scheduler.schedule_waiting
@@ -146,18 +160,41 @@ def test_a_subclass_task_shows_the_method_it_replaces(tmp_path: Path) -> None:
 def test_a_task_without_a_check_cell_is_an_error_naming_it(tmp_path: Path) -> None:
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB)])
     with pytest.raises(key.AnswerKeyError, match=r"42_demo.ipynb, Task 1: expected a stub cell"):
-        key.collect_tasks(tmp_path)
+        key.collect_tasks(tmp_path, ROOF_REGISTRY)
 
 
 def test_a_task_that_names_no_mirrored_symbol_is_an_error(tmp_path: Path) -> None:
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", "### Task 1 — the roofline\n\nWrite `roof`."),
                                                ("code", STUB), ("code", CHECK)])
     with pytest.raises(key.AnswerKeyError, match="which labkit symbol it mirrors"):
-        key.collect_tasks(tmp_path)
+        key.collect_tasks(tmp_path, ROOF_REGISTRY)
 
 
 def test_an_unimported_reference_is_an_error(tmp_path: Path) -> None:
     check = CHECK.replace("from labkit.analysis.hardware import attainable_flops\n", "")
     write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", check)])
     with pytest.raises(key.AnswerKeyError, match="cannot tell where 'attainable_flops' comes from"):
-        key.collect_tasks(tmp_path)
+        key.collect_tasks(tmp_path, ROOF_REGISTRY)
+
+
+def test_a_notebook_task_missing_from_the_registry_is_an_error(tmp_path: Path) -> None:
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", CHECK)])
+    with pytest.raises(key.AnswerKeyError, match="TASKS has 0 entries for notebook 42_demo"):
+        key.collect_tasks(tmp_path, CLASS_REGISTRY)
+
+
+def test_a_registry_task_no_notebook_has_is_an_error(tmp_path: Path) -> None:
+    write_notebook(tmp_path, "42_demo.ipynb", [("markdown", TASK_MD), ("code", STUB), ("code", CHECK)])
+    extra = demo_registry("labkit.exercises.ch07.check_schedule_waiting", "labkit.engine.sched.scheduler.Scheduler",
+                          "labkit.engine.sched.scheduler.Scheduler.schedule_waiting")
+    extra = {"42.other": dataclasses.replace(extra["42.demo"], id="42.other"), **ROOF_REGISTRY}
+    with pytest.raises(key.AnswerKeyError, match="TASKS lists 42.other, which no notebook has"):
+        key.collect_tasks(tmp_path, extra)
+
+
+def test_the_guides_task_tables_are_up_to_date() -> None:
+    table = key.task_table(TASKS)
+    for guide in key.GUIDES:
+        text = guide.read_text(encoding="utf-8")
+        assert key.with_task_table(text, table, guide) == text, f"{guide.name}: run python scripts/make_answer_key.py"
+    assert all(t.entry.minutes > 0 for t in TASKS) and sum(t.entry.is_build for t in TASKS) >= 5
