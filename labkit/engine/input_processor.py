@@ -12,6 +12,7 @@ names it and the limit, and the engine never holds half a batch. Introduced in n
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import random
 import threading
@@ -133,9 +134,9 @@ class InputProcessor:
         offsets = list(arrival_times)
         if len(offsets) != n:
             raise ValueError(f"got {len(offsets)} arrival_times for {n} prompts; give one per prompt")
-        for i, t in enumerate(offsets):
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-                raise ValueError(f"arrival_times[{i}] must be a number of seconds >= 0, got {t!r}")
+        for i, t in enumerate(offsets):  # nan would never arrive (the engine would wait forever), nor would inf
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
+                raise ValueError(f"arrival_times[{i}] must be a number of seconds >= 0 and finite, got {t!r}")
         return [float(t) for t in offsets]
 
     def make_sequences(self, prompts: Seq[Prompt], params: Seq[SamplingParams], arrival_time: float | None = None

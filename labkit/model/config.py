@@ -13,6 +13,25 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _positive_int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    """``cfg[key]`` as an int >= 1 (an integral float such as 4096.0 too), or a ValueError naming it."""
+    value = cfg.get(key)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise ValueError(f"config.json: {key} must be an integer >= 1, got {json.dumps(value)}")
+    return int(value)
+
+
+def _number(src: dict[str, Any], key: str, where: str) -> float:
+    value = src.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"config.json: {where} needs a number {key}, got {json.dumps(value)}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -105,26 +124,27 @@ class ModelConfig:
         scaling = None
         if rope_type == "llama3":
             src = rope if "factor" in rope else legacy_scaling
-            scaling = RopeScaling(
-                factor=float(src["factor"]),
-                low_freq_factor=float(src["low_freq_factor"]),
-                high_freq_factor=float(src["high_freq_factor"]),
-                original_max_position_embeddings=int(src["original_max_position_embeddings"]),
-            )
+            values = {k: _number(src, k, "rope_type llama3") for k in LLAMA3_ROPE_KEYS}
+            scaling = RopeScaling(values["factor"], values["low_freq_factor"], values["high_freq_factor"],
+                                  int(values["original_max_position_embeddings"]))
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        n_heads = int(cfg["num_attention_heads"])
-        head_dim = cfg.get("head_dim") or int(cfg["hidden_size"]) // n_heads
+        missing = [k for k in REQUIRED_KEYS if cfg.get(k) is None]
+        if missing:
+            raise ValueError(f"config.json has no {', '.join(missing)}; a {model_type} config needs "
+                             f"{', '.join(REQUIRED_KEYS)}")
+        n_heads = _positive_int(cfg, "num_attention_heads")
+        hidden_size = _positive_int(cfg, "hidden_size")
         return cls(
             model_type=model_type,
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            vocab_size=_positive_int(cfg, "vocab_size"),
+            hidden_size=hidden_size,
+            intermediate_size=_positive_int(cfg, "intermediate_size"),
+            num_hidden_layers=_positive_int(cfg, "num_hidden_layers"),
             num_attention_heads=n_heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or n_heads),
-            head_dim=int(head_dim),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            num_key_value_heads=_positive_int(cfg, "num_key_value_heads", n_heads),
+            head_dim=_positive_int(cfg, "head_dim", max(1, hidden_size // n_heads)),
+            max_position_embeddings=_positive_int(cfg, "max_position_embeddings", 2048),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=scaling,
@@ -139,5 +159,17 @@ class ModelConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> ModelConfig:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_hf_dict(json.load(f))
+        """Read a ``config.json``; every error names the file."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                cfg = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+        try:
+            return cls.from_hf_dict(cfg)
+        except ValueError as exc:  # "config.json has no vocab_size" -> "/path/to/config.json has no vocab_size"
+            message = str(exc)
+            named = str(path) + message.removeprefix("config.json") if message.startswith("config.json") else None
+            raise ValueError(named or f"{path}: {message}") from None

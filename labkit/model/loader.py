@@ -52,7 +52,8 @@ def load_checkpoint(path: str | Path, device: torch.device, dtype: torch.dtype) 
     if not path.is_dir():
         raise FileNotFoundError(f"model path {path} is not a folder")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json; a checkpoint folder needs config.json and *.safetensors")
+        raise FileNotFoundError(f"{path.resolve()} has no config.json; a checkpoint folder needs config.json and "
+                                "*.safetensors")
     config = ModelConfig.from_json_file(path / "config.json")
     files = find_safetensors(path)
     model = _materialise(config, device, dtype)

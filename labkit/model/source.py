@@ -40,11 +40,14 @@ def resolve_model_source(model: str | Path) -> ModelSource:
         model = bundled_model_path()
     if isinstance(model, str) and model in PRESETS:
         return ModelSource(model, PRESETS[model], None, bundled_model_path())
+    if not str(model).strip():  # Path("") is ".", the current folder: never what was meant
+        raise ValueError(f"model is empty; give the bundled model {BUNDLED_MODEL!r}, a checkpoint folder, or a preset "
+                         f"({', '.join(PRESETS)})")
     path = Path(model)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
-                f"{path} has no config.json; a checkpoint folder needs config.json and *.safetensors"
+                f"{path.resolve()} has no config.json; a checkpoint folder needs config.json and *.safetensors"
             )
         return ModelSource(path.name, ModelConfig.from_json_file(path / "config.json"), path, path)
     raise ValueError(

@@ -5,8 +5,10 @@
         print(server.base_url)                           # point the openai client or labkit.bench at it
 
 Modules: ``async_engine`` (AsyncLLM: the engine loop in a background thread), ``protocol`` (request
-validation), ``api_server`` (the FastAPI app), ``cli`` (``python -m labkit.serving``),
-``launcher`` (start and stop a server from a notebook or a test).
+validation), ``limits`` (what a request may cost: body size, JSON shape, Unicode, prompt length before
+tokenizing), ``api_server`` (the FastAPI app), ``responses`` (response shapes and streams that always end),
+``security`` (browser protection: Host, Origin, content type), ``shutdown`` (graceful shutdown and exit
+codes), ``cli`` (``python -m labkit.serving``), ``launcher`` (start and stop a server from a notebook or a test).
 """
 
 from labkit.metrics.prometheus import EngineState, ServerMetrics
@@ -15,8 +17,10 @@ from labkit.serving.async_engine import AsyncLLM, EngineDeadError, TokenDelta
 from labkit.serving.cli import ServerConfig, run_server
 from labkit.serving.launcher import ServerProcess, ServerThread
 from labkit.serving.protocol import ChatCompletionRequest, CompletionRequest, RequestError
+from labkit.serving.security import AccessPolicy
 
 __all__ = [
+    "AccessPolicy",
     "AsyncLLM",
     "ChatCompletionRequest",
     "CompletionRequest",

@@ -100,6 +100,8 @@ class AsyncLLM:
 
     def start(self) -> AsyncLLM:
         if self._thread is None:
+            if self.metrics is not None:  # the pool's size on /metrics from the start, not after the first request
+                self.metrics.update(self._state())
             self._thread = threading.Thread(target=self._loop, name="labkit-engine", daemon=True)
             self._thread.start()
         return self
@@ -108,15 +110,15 @@ class AsyncLLM:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread; requests still streaming get ``EngineDeadError``."""
+    def shutdown(self, timeout: float = 10.0, reason: str = "the engine was shut down") -> None:
+        """Stop the engine thread; requests still streaming get ``EngineDeadError(reason)``."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if not self._thread.is_alive():
                 self.llm.engine.abort_all()  # the loop has stopped: nothing else touches the engine now
-        dead = EngineDeadError("the engine was shut down")
+        dead = EngineDeadError(reason)
         for stream in list(self._streams.values()):
             self._post(stream, dead)
         self._streams.clear()
@@ -131,7 +133,6 @@ class AsyncLLM:
                 cmd.reply.set_exception(dead)
 
     # ---- the asyncio side ----
-
     def make_request(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
         """Tokenize and validate one request (raises ValueError/TypeError naming the problem). n must be 1."""
         if params.n != 1:
@@ -179,7 +180,6 @@ class AsyncLLM:
         self._wake.set()
 
     # ---- the engine thread ----
-
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._drain()

@@ -4,12 +4,16 @@
 
 Binds 127.0.0.1 unless ``--host`` says otherwise (and warns then: the server has no authentication).
 ``--port 0`` takes any free port; the ready line printed once the socket is bound says which, and
-``labkit.serving.launcher`` waits for it. Introduced in notebook 09 (``09_serving_and_metrics``).
+``labkit.serving.launcher`` waits for it. Browser protection (``--allowed-hosts``, ``--allowed-origins``),
+the body limit and graceful shutdown: see ``labkit.serving.security`` and ``labkit.serving.shutdown``; the
+exit code is 0 after a clean shutdown, 2 when the server cannot start, 3 when running requests had to be
+ended. Introduced in notebook 09 (``09_serving_and_metrics``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import socket
 import sys
@@ -24,6 +28,8 @@ from labkit.metrics.prometheus import ServerMetrics
 from labkit.model.source import BUNDLED_MODEL
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import AsyncLLM
+from labkit.serving.security import AccessPolicy, parse_list_option
+from labkit.serving.shutdown import EXIT_CANNOT_START, EXIT_OK, EXIT_REQUESTS_ENDED, GracefulServer
 
 READY_LINE = "labkit.serving listening on"  # printed once the socket is bound; launchers wait for it
 
@@ -43,6 +49,14 @@ class ServerConfig:
     engine_options: dict[str, Any] = field(default_factory=dict)
     log_level: str = "warning"
     access_log: bool = False
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides localhost, loopback and `host`
+    allowed_origins: tuple[str, ...] = ()  # browser pages allowed to call the server (vLLM's option)
+    max_request_body_bytes: int | None = None  # None: labkit.serving.limits.default_max_request_body_bytes
+    timeout_graceful_shutdown: float = 5.0  # seconds running requests get to finish on SIGINT/SIGTERM
+
+    @property
+    def access(self) -> AccessPolicy:
+        return AccessPolicy(self.host, tuple(self.allowed_hosts), tuple(self.allowed_origins))
 
 
 def make_async_llm(config: ServerConfig) -> AsyncLLM:
@@ -52,6 +66,8 @@ def make_async_llm(config: ServerConfig) -> AsyncLLM:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an int in [0, 65535] (0: any free port), got {port!r}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -60,9 +76,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_server(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
-    return uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, access_log=config.access_log,
-                                         timeout_graceful_shutdown=5, lifespan="off"))
+def uvicorn_server(app: FastAPI, config: ServerConfig) -> GracefulServer:
+    async_llm: AsyncLLM = app.state.async_llm
+    uv_config = uvicorn.Config(app, log_level=config.log_level, access_log=config.access_log, lifespan="off")
+    return GracefulServer(uv_config, app.state.active_requests, lambda reason: async_llm.shutdown(reason=reason),
+                          config.timeout_graceful_shutdown)
 
 
 def _is_loopback(host: str) -> bool:
@@ -72,25 +90,60 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def run_server(config: ServerConfig) -> None:
-    """Bind (first: a taken port fails fast), load the model, print the ready line, serve until SIGINT/SIGTERM."""
+def run_server(config: ServerConfig) -> int:
+    """Bind (first: a taken port fails fast), load the model, print the ready line, serve until SIGINT/SIGTERM.
+    Returns the exit code: 0 if every request finished, 3 if running ones had to be ended."""
     sock = bind_socket(config.host, config.port)
     try:
         async_llm = make_async_llm(config).start()
     except BaseException:
         sock.close()
         raise
+    # The model, tokenizer and libraries are hundreds of thousands of objects that live as long as the server.
+    # Frozen, the garbage collector stops walking them on every full collection: a request that allocates
+    # many objects (a 100k-item JSON list) then triggers collections of milliseconds, not half-second pauses
+    # during which no thread, the event loop included, runs.
+    gc.collect()
+    gc.freeze()
     name = config.served_model_name or config.model
     host, port = sock.getsockname()[:2]
     host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     if not _is_loopback(config.host):
         print(f"WARNING: listening on {config.host}, reachable from other machines; this server has no "
-              "authentication", file=sys.stderr)
+              "authentication. Clients must use a name in --allowed-hosts", file=sys.stderr)
     print(f"{READY_LINE} http://{host}:{port} (model {name!r}, {async_llm.llm!r})", flush=True)
+    app = build_app(async_llm, name, config.access, config.max_request_body_bytes)
+    server = uvicorn_server(app, config)
     try:
-        uvicorn_server(build_app(async_llm, name), config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         async_llm.shutdown()
+    ended = f"{server.num_ended} running request(s) ended after the grace period" if server.num_ended \
+        else "every request finished"
+    print(f"labkit.serving stopped{f' on {server.signal_name}' if server.signal_name else ''}: {ended}",
+          file=sys.stderr, flush=True)
+    return EXIT_REQUESTS_ENDED if server.num_ended else EXIT_OK
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535] (0: any free port), got {port}")
+    return port
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {number}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0 or number == float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {value}")
+    return number
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
@@ -98,7 +151,17 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--model", default=BUNDLED_MODEL, help="bundled model name, checkpoint folder or preset")
     p.add_argument("--engine", default=None, help="engine name (default: chunked)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    p.add_argument("--port", type=_port, default=8000, help="port (0: any free port)")
+    p.add_argument("--allowed-hosts", type=parse_list_option, default=(),
+                   help="Host names clients use besides localhost and loopback addresses, as a JSON list or "
+                        "comma-separated ('*': any); refusing others guards against DNS rebinding")
+    p.add_argument("--allowed-origins", type=parse_list_option, default=(),
+                   help="browser origins allowed to call the server, e.g. '[\"http://localhost:3000\"]' ('*': any); "
+                        "default none")
+    p.add_argument("--max-request-body-bytes", type=_positive_int, default=None,
+                   help="larger bodies get a 413 (default 4 MiB, or 32 bytes per token of max_model_len)")
+    p.add_argument("--timeout-graceful-shutdown", type=_seconds, default=5.0,
+                   help="seconds running requests get to finish on SIGINT/SIGTERM (default 5)")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model'")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -130,13 +193,20 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         torch.set_num_threads(a.num_threads)
     return ServerConfig(model=a.model, engine=a.engine, host=a.host, port=a.port,
                         served_model_name=a.served_model_name, device=a.device, dtype=a.dtype, seed=a.seed,
-                        engine_options=options, log_level=a.log_level, access_log=a.access_log)
+                        engine_options=options, log_level=a.log_level, access_log=a.access_log,
+                        allowed_hosts=a.allowed_hosts, allowed_origins=a.allowed_origins,
+                        max_request_body_bytes=a.max_request_body_bytes,
+                        timeout_graceful_shutdown=a.timeout_graceful_shutdown)
 
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     try:
-        run_server(config)
+        code = run_server(config)
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:  # bad option, unknown model, port taken
         print(f"labkit.serving: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_CANNOT_START)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads
+        print("labkit.serving: interrupted while starting", file=sys.stderr)
+        sys.exit(EXIT_CANNOT_START)
+    sys.exit(code)

@@ -12,6 +12,7 @@ Introduced in notebook 09 (``09_serving_and_metrics``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -63,6 +64,8 @@ class ServerProcess:
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):
                 self.args += [flag] if value else []
+            elif isinstance(value, (list, tuple)):  # allowed_origins=["http://localhost:3000"]
+                self.args += [flag, json.dumps(list(value))]
             else:
                 self.args += [flag, str(value)]
         self.args += list(extra_args or [])
@@ -139,12 +142,16 @@ class ServerThread:
     """The same server with uvicorn in a thread of this process; exposes the engine. Notebook 09.
 
     Pass an ``LLM`` to serve it (e.g. one a test also inspects), or a model, engine and engine options.
+    ``server_options``: the server's own (``ServerConfig`` fields such as ``allowed_origins``,
+    ``max_request_body_bytes``, ``timeout_graceful_shutdown``).
     """
 
     def __init__(self, llm: LLM | None = None, model: str = "labkit-tiny", engine: str | None = None,
-                 served_model_name: str | None = None, startup_timeout: float = 60.0, **engine_options: Any) -> None:
+                 served_model_name: str | None = None, startup_timeout: float = 60.0,
+                 server_options: dict[str, Any] | None = None, **engine_options: Any) -> None:
         self.config = ServerConfig(model=model, engine=engine, host="127.0.0.1", port=0,
-                                   served_model_name=served_model_name, engine_options=engine_options)
+                                   served_model_name=served_model_name, engine_options=engine_options,
+                                   **(server_options or {}))
         name = served_model_name or (llm.source.name if llm is not None else model)
         self.served_model_name = name
         self.async_llm: AsyncLLM = (AsyncLLM(llm, ServerMetrics(name)) if llm is not None
@@ -156,7 +163,8 @@ class ServerThread:
 
     def start(self) -> ServerThread:
         self.async_llm.start()
-        app = build_app(self.async_llm, self.served_model_name)
+        app = build_app(self.async_llm, self.served_model_name, self.config.access,
+                        self.config.max_request_body_bytes)
         sock = bind_socket(self.config.host, self.config.port)
         host, port = sock.getsockname()[:2]
         self.base_url = f"http://{host}:{port}"

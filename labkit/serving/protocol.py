@@ -15,6 +15,8 @@ Introduced in notebook 09 (``09_serving_and_metrics``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -72,17 +74,19 @@ class _GenerationFields(_Strict):
     repetition_penalty: float = 1.0  # vLLM extension; `vllm bench serve` sends 1.0
     logit_bias: dict[str, float] | None = None
 
-    # OpenAI fields labkit does not implement, and the values that mean "off" (accepted, ignored)
+    # OpenAI fields labkit does not implement, and the values that mean "off" (accepted, ignored). Completions'
+    # logprobs is a count, and 0 is not "off" there (OpenAI returns the sampled token's logprob), so only null is.
     NEUTRAL: ClassVar[dict[str, tuple[object, ...]]] = {
         "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
-        "logit_bias": (None, {}), "logprobs": (None, False), "echo": (False,), "best_of": (None, 1),
+        "logit_bias": (None, {}), "logprobs": (None,), "echo": (False,), "best_of": (None, 1),
         "suffix": (None,), "top_logprobs": (None, 0)}
 
     def check_supported(self) -> None:
         """Refuse fields labkit accepts only at their neutral value, and options that need another one."""
         for name, neutral in self.NEUTRAL.items():
-            if name in type(self).model_fields and getattr(self, name) not in neutral:
-                raise RequestError(f"{name}={getattr(self, name)!r} is not supported by this server; leave it out "
+            value = getattr(self, name, None)
+            if name in type(self).model_fields and not any(_same(value, n) for n in neutral):
+                raise RequestError(f"{name}={json.dumps(value)} is not supported by this server; leave it out "
                                    f"or send {json.dumps(neutral[0])}", name)
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options is only allowed with stream=true", "stream_options")
@@ -96,6 +100,11 @@ class _GenerationFields(_Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+def _same(value: object, neutral: object) -> bool:
+    """Equal and of the same kind: in Python 0 == False, but `logprobs: 0` is not `logprobs: false`."""
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
 
 
 class CompletionRequest(_GenerationFields):
@@ -136,6 +145,8 @@ class ChatCompletionRequest(_GenerationFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
+    NEUTRAL: ClassVar[dict[str, tuple[object, ...]]] = {**_GenerationFields.NEUTRAL, "logprobs": (None, False)}
+
     def check_supported(self) -> None:
         super().check_supported()
         if self.max_tokens is not None and self.max_completion_tokens is not None \
@@ -165,31 +176,37 @@ def _describe(error: dict[str, Any]) -> tuple[str, str | None]:
     if kind == "extra_forbidden":
         return f"unrecognized request argument '{field}'", field
     msg = error.get("msg", "invalid value").removeprefix("Value error, ")
-    return f"{field}: {msg}, got {json.dumps(error.get('input'), default=str)[:200]}", field
+    return f"{field or 'request body'}: {msg}, got {_shown(error.get('input'))}", field
 
 
-def parse_request(model: type[_GenerationFields], body: bytes) -> Any:
-    """Decode and validate a JSON body; raise ``RequestError`` (400) naming field, value and limit."""
+def _shown(value: object) -> str:
+    """A value as the client sent it, short (ASCII, so any text survives)."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
+        return json.dumps(value, default=str)[:200]
+    except (ValueError, RecursionError):
+        return type(value).__name__
+
+
+def parse_request(model: type[_GenerationFields], data: dict[str, Any]) -> Any:
+    """Validate a decoded JSON body (``labkit.serving.limits.decode_json``); raise ``RequestError`` (400)
+    naming field, value and limit."""
     try:
         req = model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors()
-        # a union field (prompt, stop, content) reports one error per branch: show the first, say how many
-        message, param = _describe(errors[0])
-        if len(errors) > 1 and all(_describe(e)[1] == param for e in errors):
-            message = f"{param}: wrong type, got {json.dumps(errors[0].get('input'), default=str)[:200]}; " \
-                      f"expected {_expected(param)}"
-        elif len(errors) > 1:
-            message += f" (and {len(errors) - 1} more problem(s))"
-        raise RequestError(message, param) from None
+        raise validation_error(exc.errors()) from None
     req.check_supported()
     return req
+
+
+def validation_error(errors: Sequence[Any]) -> RequestError:
+    """Pydantic's errors as one 400 naming the field. A union field (prompt, stop, content) reports one error
+    per branch: show the first, say how many."""
+    message, param = _describe(errors[0])
+    if len(errors) > 1 and all(_describe(e)[1] == param for e in errors):
+        message = f"{param}: wrong type, got {_shown(errors[0].get('input'))}; expected {_expected(param)}"
+    elif len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem(s))"
+    return RequestError(message, param)
 
 
 def _expected(param: str | None) -> str:
@@ -203,20 +220,38 @@ def _expected(param: str | None) -> str:
 
 # ---- engine input ----
 
+@dataclass(frozen=True)
+class RequestCapacity:
+    """The most tokens one request can hold in this engine (prompt + output - 1: the last sampled token
+    needs no KV slot), and why (``labkit.serving.limits.request_capacity``). Notebook 09."""
+
+    num_tokens: int
+    reason: str
+
+
 def check_lengths(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, prompt_field: str,
-                  max_tokens_field: str = "max_tokens") -> int:
-    """The output limit to use: ``max_tokens``, or all the room left when it is None. Raises RequestError."""
+                  max_tokens_field: str = "max_tokens", capacity: RequestCapacity | None = None) -> int:
+    """The output limit to use: ``max_tokens``, or all the room left when it is None (within ``max_model_len``
+    and what the engine can hold). Raises RequestError naming the field that is over its limit."""
     if num_prompt_tokens >= max_model_len:
         raise RequestError(
             f"{prompt_field} has {num_prompt_tokens} tokens, but this model's max_model_len is {max_model_len} "
             f"(prompt + output); shorten it to at most {max_model_len - 1} tokens", prompt_field)
     room = max_model_len - num_prompt_tokens
-    if max_tokens is None:
-        return room
+    fits = room if capacity is None else capacity.num_tokens - num_prompt_tokens + 1
+    if capacity is not None and fits < 1:
+        raise RequestError(f"{prompt_field} has {num_prompt_tokens} tokens, but {capacity.reason}; shorten it to "
+                           f"at most {capacity.num_tokens} tokens", prompt_field)
+    if max_tokens is None:  # the client left the output open: whatever fits
+        return min(room, fits)
     if max_tokens > room:
         raise RequestError(
             f"{max_tokens_field} {max_tokens} is too large: the prompt has {num_prompt_tokens} tokens and "
             f"max_model_len is {max_model_len}, so {max_tokens_field} can be at most {room}", max_tokens_field)
+    if max_tokens > fits:
+        raise RequestError(f"{max_tokens_field} {max_tokens} is too large: {capacity.reason if capacity else ''}, and "
+                           f"the prompt has {num_prompt_tokens}, so {max_tokens_field} can be at most {fits}",
+                           max_tokens_field)
     return max_tokens
 
 
@@ -249,10 +284,14 @@ def completion_input(req: CompletionRequest, tokenizer: Any, vocab_size: int) ->
     return list(prompt)  # type: ignore[arg-type]
 
 
-def chat_input(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
-    """Prompt token ids of a chat request: the tokenizer's chat template, ending with the assistant's turn."""
+def chat_input(req: ChatCompletionRequest, tokenizer: Any, check_text: Callable[[str, str], None] | None = None
+               ) -> list[int]:
+    """Prompt token ids of a chat request: the tokenizer's chat template, ending with the assistant's turn.
+    ``check_text(text, field)`` sees the rendered prompt before the (slower) tokenizer does."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError("this model's tokenizer has no chat template; use /v1/completions", "messages")
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if check_text is not None:
+        check_text(text, "messages")
     return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]  # the template writes BOS itself
