@@ -42,7 +42,13 @@ class PoolExhausted(RuntimeError):
 
 
 class BlockManager:
-    """Allocates, shares, copies and caches KV blocks for sequences. Notebook 06."""
+    """Allocates, shares, copies and caches KV blocks for sequences. Notebook 06.
+
+    Notebook 06's Build task rewrites the core in a subclass (``LLM(..., block_manager_cls=...)``): ``allocate``
+    (prefix hits, copy-on-write, new blocks as a sequence grows), ``free`` and ``lookup_prefix``, on top of the
+    small helpers kept here: ``_take_free_block`` / ``_release`` / ``_share`` (one reference more or less),
+    ``blocks_needed``, ``block_hashes`` and the counters.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -116,6 +122,14 @@ class BlockManager:
             else:
                 block.block_hash, block.token_ids = None, ()
                 self.free_block_ids.append(block_id)
+
+    def _share(self, block_id: int) -> None:
+        """One more holder of ``block_id``: a sibling's block (fork) or a prefix-cache hit. A cached block that
+        nobody held leaves the evictable list, so the pool will not hand it out again while it is in use."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.evictable[block_id]
+        block.ref_count += 1
 
     # ---- prefix caching ----
 
@@ -193,24 +207,23 @@ class BlockManager:
         computed and cached token counts advance past them. Returns (src, dst) block copies to run
         before the forward pass: copy-on-write of a shared block this step will write into.
         """
+        if not seq.block_table:  # an admission (or a re-admission after preemption): only this one's hits count
+            seq.num_cached_tokens = len(cached_blocks or []) * self.block_size
         if cached_blocks:
             assert not seq.block_table, "prefix hits only apply to a sequence without blocks"
             for block_id in cached_blocks:
-                block = self.blocks[block_id]
-                if block.ref_count == 0:
-                    del self.evictable[block_id]
-                block.ref_count += 1
+                self._share(block_id)
             seq.block_table = list(cached_blocks)
-            seq.num_cached_tokens = len(cached_blocks) * self.block_size
             seq.num_computed_tokens = seq.num_cached_tokens
         copies = []
-        if self._needs_copy(seq):
+        if self._needs_copy(seq):  # this step writes into a block others hold too: write into a private copy
             self.num_copies += 1
             first = seq.num_computed_tokens // self.block_size
             src, dst = seq.block_table[first], self._take_free_block()
-            self._release(src)
+            self._release(src)  # the others keep the original
             seq.block_table[first] = dst
             copies.append((src, dst))
+        # Append a block whenever the last one is full (a decode step needs one every block_size tokens).
         while len(seq.block_table) < self.blocks_needed(seq.num_computed_tokens + num_new_tokens):
             seq.block_table.append(self._take_free_block())
         return copies
@@ -232,7 +245,7 @@ class BlockManager:
         assert num_tokens <= parent.num_computed_tokens, "can only share tokens the parent has computed"
         shared = parent.block_table[: self.blocks_needed(num_tokens)]
         for block_id in shared:
-            self.blocks[block_id].ref_count += 1
+            self._share(block_id)  # the parent holds them: never evictable
         child.block_table = list(shared)
         child.num_computed_tokens = num_tokens
         self.num_forked_tokens += num_tokens
@@ -240,7 +253,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Return ``seq``'s blocks (last first, so a prefix's tail is evicted before its head)."""
         for block_id in reversed(seq.block_table):
-            self._release(block_id)
+            self._release(block_id)  # one holder less: the block is free only when its last holder lets go
         seq.block_table = []
         seq.num_computed_tokens = 0
 

@@ -10,6 +10,9 @@ Both tasks are ``BlockManager`` subclasses that the real engine runs (``LLM(...,
   ``lookup_prefix`` and ``cache_full_blocks`` both call. Checked on small token lists, then inside the
   ``paged`` engine with prefix caching on: on prompts that share prefixes, every request must find as
   many prompt tokens in the cache as with labkit's block manager, and produce the same tokens.
+
+The notebook's two Build tasks have their own modules: the block manager (``ch06_block_manager``) and paged
+attention (``ch06_attention``), both run inside the engine by ``ch06_runs``.
 """
 
 from __future__ import annotations

@@ -108,3 +108,22 @@ def test_prefix_hit_reuses_blocks_and_lru_evicts_oldest() -> None:
     bm.free(b)
     bm.free(d)
     bm.check_invariants([])
+
+
+def test_a_readmitted_sequence_counts_only_its_new_prefix_hits() -> None:
+    """A preempted request admitted again without hits must not count its first admission's hits twice."""
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    prompt = list(range(1, 10))
+    first = make_seq(0, prompt)
+    bm.allocate(first, first.num_tokens)
+    compute(bm, first, first.num_tokens)
+    second = make_seq(1, prompt)
+    cached = bm.lookup_prefix(second)
+    assert len(cached) == 2
+    bm.allocate(second, second.num_tokens - 8, cached)
+    bm.record_prefix_query(second)
+    assert (bm.num_queried_tokens, bm.num_hit_tokens, second.num_cached_tokens) == (9, 8, 8)
+    bm.free(second)  # preempted; admitted again, this time without using the prefix cache
+    bm.allocate(second, second.num_tokens)
+    bm.record_prefix_query(second)
+    assert (bm.num_queried_tokens, bm.num_hit_tokens, second.num_cached_tokens) == (18, 8, 0)
