@@ -1,7 +1,8 @@
 """A request as the engine sees it: token ids, status, sampling state, timings.
 
 Introduced in notebook 01 (``01_anatomy_of_a_request``). Every engine appends tokens through
-``Sequence.append_token``, so stop rules are the same whatever the scheduling.
+``Sequence.append_token``, which applies the one stop rule (``labkit.engine.stop.check_stop``), so requests stop
+alike whatever the scheduling.
 """
 
 from __future__ import annotations
@@ -97,21 +98,19 @@ class Sequence:
         return self.detokenizer.text
 
     def append_token(self, token_id: int, now: float) -> None:
-        """Record a sampled token and finish the sequence if a stop rule says so."""
+        """Record a sampled token and finish the sequence if the stop rule says so (``labkit.engine.stop``)."""
+        from labkit.engine.stop import check_stop  # late: labkit.engine imports this module
+
+        self.record_token(token_id, now)
+        stop = check_stop(self)
+        if stop is not None:
+            self.finish(*stop, now)
+
+    def record_token(self, token_id: int, now: float) -> None:
+        """Append a sampled token (its time, its text, any stop string it completes) without deciding to stop."""
         self.output_token_ids.append(token_id)
         self.metrics.token_times.append(now)
-        stop_str = self.detokenizer.append(token_id)
-        p = self.params
-        if stop_str is not None:
-            self._finish(FinishReason.STOP, stop_str, now)
-        elif not p.ignore_eos and token_id in self.eos_token_ids:
-            self._finish(FinishReason.STOP, None, now)
-        elif token_id in p.stop_token_ids:
-            self._finish(FinishReason.STOP, token_id, now)
-        elif p.max_tokens is not None and self.num_output_tokens >= p.max_tokens:
-            self._finish(FinishReason.LENGTH, None, now)
-        elif self.num_tokens >= self.max_model_len:
-            self._finish(FinishReason.LENGTH, None, now)
+        self.detokenizer.append(token_id)
 
     @property
     def can_fork(self) -> bool:
@@ -128,15 +127,16 @@ class Sequence:
         return p is not None and not self.block_table and not p.is_finished and not self.can_fork
 
     def abort(self, now: float) -> None:
-        self._finish(FinishReason.ABORT, None, now)
+        self.finish(FinishReason.ABORT, None, now)
 
     def fail(self, cause: BaseException, step: int, now: float) -> None:
         """Finish with reason ERROR because engine step ``step`` raised ``cause`` while running this sequence."""
         self.error = f"engine step {step} failed: {type(cause).__name__}: {cause}"
         self.error_cause = cause
-        self._finish(FinishReason.ERROR, None, now)
+        self.finish(FinishReason.ERROR, None, now)
 
-    def _finish(self, reason: FinishReason, stop_reason: str | int | None, now: float) -> None:
+    def finish(self, reason: FinishReason, stop_reason: str | int | None, now: float) -> None:
+        """Finish with ``reason``; ``stop_reason``: the stop string or stop token id that ended it, if any."""
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason

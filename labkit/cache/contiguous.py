@@ -2,8 +2,9 @@
 
 Every row reserves room for its longest possible sequence up front, prompts are left-padded so
 all rows write their next token at the same column, and a boolean mask hides the padding. Simple
-and fast for one batch; wasteful in memory (notebook 06 measures how wasteful). Introduced in
-notebook 03 (``03_kv_cache``).
+and fast for one batch; wasteful in memory (notebook 06 measures how wasteful). A learner's cache is a
+subclass passed as ``LLM(..., engine="kvcache", kv_cache_cls=MyCache)``: notebook 03's tasks replace ``write``
+and ``attend``, notebook 05's ``attention_mask``. Introduced in notebook 03 (``03_kv_cache``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def write_kv(cache: torch.Tensor, new: torch.Tensor, start: int) -> torch.Tensor
 class ContiguousKVCache:
     """Per-layer K/V tensors plus the padding mask; an ``AttentionBackend`` for prefill and decode. Notebook 03.
 
-    ``write`` is the cache update; notebook 03's Task 1 swaps in the learner's version via a subclass.
+    Each step the engine calls ``begin_step`` (declare this step's columns: the mask), runs the model, whose every
+    layer calls ``attend``, then ``end_step`` (the columns are written). ``write`` is the cache update.
     """
 
     write = staticmethod(write_kv)
@@ -41,7 +43,7 @@ class ContiguousKVCache:
         self.max_len = max_len
         self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # real (non-pad) columns
         self.length = 0  # columns written so far (the same for every row: prompts are left-padded)
-        self._mask: torch.Tensor | None = None  # (B, 1, T, length + T) for the step being run
+        self.mask: torch.Tensor | None = None  # (B, 1, T, length + T) for the step being run
 
     @property
     def num_bytes(self) -> int:
@@ -49,24 +51,33 @@ class ContiguousKVCache:
 
     def begin_step(self, token_valid: torch.Tensor) -> None:
         """Declare this step's T new columns; token_valid: (B, T), False for left padding."""
-        b, t = token_valid.shape
-        start, end = self.length, self.length + t
+        t = token_valid.shape[1]
+        end = self.length + t
         if end > self.max_len:
             raise RuntimeError(f"KV cache full: {end} columns needed, {self.max_len} reserved")
-        self.valid[:, start:end] = token_valid
-        keys = self.valid[:, None, None, :end]  # (B, 1, 1, S): which keys exist
-        q_pos = torch.arange(start, end, device=keys.device)[:, None]  # (T, 1)
-        k_pos = torch.arange(end, device=keys.device)[None, :]  # (1, S)
+        self.valid[:, self.length : end] = token_valid
+        self.mask = self.attention_mask(self.valid[:, :end], self.length)
+
+    def attention_mask(self, valid: torch.Tensor, start: int) -> torch.Tensor:
+        """Which columns each of this step's queries may attend to. Notebook 05's Task 3.
+
+        valid: (B, S), False for padding, over every column so far (S = start + T); this step's T queries are
+        columns start .. S-1. Returns (B, 1, T, S) bool, True where query t may attend to column j.
+        """
+        q_pos = torch.arange(start, valid.shape[1], device=valid.device)[:, None]  # (T, 1)
+        k_pos = torch.arange(valid.shape[1], device=valid.device)[None, :]  # (1, S)
         causal = k_pos <= q_pos  # (T, S)
         # A padding query may only see itself, so its softmax row is never empty (its output is ignored).
-        self._mask = (keys & causal) | (k_pos == q_pos)  # (B, 1, T, S)
+        return (valid[:, None, None, :] & causal) | (k_pos == q_pos)  # (B, 1, T, S)
 
     def end_step(self, num_new: int) -> None:
         self.length += num_new
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append this step's K/V to layer ``layer_idx``'s cache, then attend over every column written so far.
+        Notebook 03's Task 2."""
         # q: (B, T, n_heads, d); k, v: (B, T, n_kv_heads, d)
-        assert self._mask is not None, "begin_step must be called before the forward pass"
+        assert self.mask is not None, "begin_step must be called before the forward pass"
         keys = self.write(self.k[layer_idx], k, self.length)  # (B, S, n_kv_heads, d): cached + new
         values = self.write(self.v[layer_idx], v, self.length)
-        return sdpa(q, keys, values, mask=self._mask, is_causal=False)
+        return sdpa(q, keys, values, mask=self.mask, is_causal=False)  # (B, T, n_heads, d)

@@ -4,7 +4,8 @@ Requests run in *static* batches of up to ``max_num_seqs``: prompts are left-pad
 the batch's first step prefills every prompt in one forward pass, and each later step decodes one
 token for every row. A batch runs until its slowest request finishes; finished rows keep their
 slot and are still computed (their tokens are thrown away). That waste is the lesson of notebook 05.
-Introduced in notebook 03 (``03_kv_cache``).
+``prepare_prefill`` (left padding, positions, the padding mask) is the method notebook 05's Task 2 replaces in a
+subclass passed as ``LLM(..., engine=MyEngine)``. Introduced in notebook 03 (``03_kv_cache``).
 """
 
 from __future__ import annotations
@@ -86,22 +87,28 @@ class KVCacheEngine(Engine):
             s.metrics.first_scheduled_time = now
         return StaticBatch(seqs, cache)
 
-    def _prefill_inputs(self, batch: StaticBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cols = max(s.num_prompt_tokens for s in batch.seqs)
-        ids = torch.zeros(len(batch.seqs), cols, dtype=torch.long)
-        valid = torch.zeros(len(batch.seqs), cols, dtype=torch.bool)
-        for i, s in enumerate(batch.seqs):  # left padding: the last prompt token of every row is column cols-1
+    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inputs of a static batch's first step: every prompt, left-padded to the longest. Notebook 05's Task 2.
+
+        Returns ``(ids, positions, valid)``, each (B, T) with T the longest prompt: token ids, each token's position
+        in its own sequence, and False where a column is padding. The engine moves them to its device.
+        """
+        cols = max(s.num_prompt_tokens for s in seqs)
+        ids = torch.zeros(len(seqs), cols, dtype=torch.long)  # (B, T)
+        valid = torch.zeros(len(seqs), cols, dtype=torch.bool)  # (B, T)
+        for i, s in enumerate(seqs):  # left padding: the last prompt token of every row is column T-1
             ids[i, cols - s.num_prompt_tokens :] = torch.tensor(s.prompt_token_ids)
             valid[i, cols - s.num_prompt_tokens :] = True
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0, 1, 2... from each row's first real token
-        return ids.to(self.device), positions.to(self.device), valid.to(self.device)
+        return ids, positions, valid
 
-    def _decode_inputs(self, batch: StaticBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inputs of a decode step: each row's newest token at its position, as (B, 1) ids, positions, valid."""
         # Finished rows still feed their last token: the slot is computed whether or not anyone wants it.
-        ids = torch.tensor([[s.token_ids[-1]] for s in batch.seqs], dtype=torch.long)  # (B, 1)
-        positions = torch.tensor([[s.num_tokens - 1] for s in batch.seqs], dtype=torch.long)  # (B, 1)
-        valid = torch.ones(len(batch.seqs), 1, dtype=torch.bool)
-        return ids.to(self.device), positions.to(self.device), valid.to(self.device)
+        ids = torch.tensor([[s.token_ids[-1]] for s in seqs], dtype=torch.long)  # (B, 1)
+        positions = torch.tensor([[s.num_tokens - 1] for s in seqs], dtype=torch.long)  # (B, 1)
+        valid = torch.ones(len(seqs), 1, dtype=torch.bool)  # (B, 1)
+        return ids, positions, valid
 
     @torch.inference_mode()
     def _step(self) -> list[Sequence]:
@@ -116,7 +123,8 @@ class KVCacheEngine(Engine):
         self._before_forward([s for s in batch.seqs if not s.is_finished])
         is_prefill = not batch.prefilled
         with clock.stage("prepare"):
-            ids, positions, valid = self._prefill_inputs(batch) if is_prefill else self._decode_inputs(batch)
+            inputs = self.prepare_prefill(batch.seqs) if is_prefill else self.prepare_decode(batch.seqs)
+            ids, positions, valid = (t.to(self.device) for t in inputs)  # each (B, T)
             batch.cache.begin_step(valid)
         with clock.stage("forward"):
             hidden = self.model(ids, positions, batch.cache)  # (B, T, hidden)

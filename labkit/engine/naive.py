@@ -1,8 +1,11 @@
 """Engine ``naive``: no KV cache, one request at a time, the whole sequence recomputed per token.
 
 It is the baseline every later engine improves on: its step cost grows with the sequence length,
-so generating n tokens costs O(n^2) token-positions of compute. Introduced in notebook 01
-(``01_anatomy_of_a_request``) and dissected in notebook 02 (``02_naive_generation``).
+so generating n tokens computes O(n^2) token positions. Each step is two overridable methods: ``next_token``
+(one forward pass over the whole sequence, then the sampler on the last position's logits) and ``check_stop`` (the
+stop rule, ``labkit.engine.stop``); notebook 02's Tasks 2 and 3 write them, in a subclass passed as
+``LLM(..., engine=MyEngine)``. Introduced in notebook 01 (``01_anatomy_of_a_request``) and dissected in
+notebook 02 (``02_naive_generation``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from labkit.engine.base import Engine
 from labkit.engine.config import EngineConfig
 from labkit.engine.sampler import sample
 from labkit.engine.step import StageClock
+from labkit.engine.stop import StopDecision, check_stop
 from labkit.model import CausalLM
-from labkit.sequence import Sequence, SequenceStatus
+from labkit.sequence import FinishReason, Sequence, SequenceStatus
 
 
 class NaiveEngine(Engine):
@@ -28,6 +32,7 @@ class NaiveEngine(Engine):
         super().__init__(model, config)
         self.waiting: deque[Sequence] = deque()
         self.running: Sequence | None = None
+        self.clock = StageClock(self.device)  # the running step's stage timer (next_token may time its stages on it)
 
     def add_request(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -48,9 +53,27 @@ class NaiveEngine(Engine):
         if seq in self.waiting:
             self.waiting.remove(seq)
 
+    def next_token(self, seq: Sequence) -> int:
+        """The next token of ``seq``: one forward pass over its whole sequence, then the sampler (greedy or sampled
+        with ``seq.params`` and ``seq.generator``) on the last position's logits. Notebook 02's Task 2."""
+        with self.clock.stage("prepare"):
+            # The whole sequence, every time: this is what the KV cache will remove.
+            ids = torch.tensor([seq.token_ids], dtype=torch.long, device=self.device)  # (1, T)
+            positions = torch.arange(ids.shape[1], device=self.device)[None]  # (1, T)
+        with self.clock.stage("forward"):
+            hidden = self.model(ids, positions)  # (1, T, hidden)
+            logits = self.model.compute_logits(hidden[:, -1])  # (1, vocab): only the last position is needed
+        with self.clock.stage("sample"):
+            return sample(logits, [seq.params], [seq.generator])[0]
+
+    def check_stop(self, seq: Sequence) -> StopDecision | None:
+        """Whether ``seq`` is done now that its newest token is recorded: (finish reason, stop reason), or None
+        to go on. The stop rule is ``labkit.engine.stop.check_stop``; notebook 02 plugs the learner's in here."""
+        return check_stop(seq)
+
     @torch.inference_mode()
     def _step(self) -> list[Sequence]:
-        clock = StageClock(self.device)
+        clock = self.clock = StageClock(self.device)
         with clock.stage("schedule"):
             if self.running is None and self.waiting:
                 self.running = self.waiting.popleft()
@@ -61,19 +84,18 @@ class NaiveEngine(Engine):
         seq = self.running
         self._before_forward([seq])
         is_prefill = seq.num_output_tokens == 0
-        with clock.stage("prepare"):
-            # The whole sequence, every time: this is what the KV cache will remove.
-            ids = torch.tensor([seq.token_ids], dtype=torch.long, device=self.device)  # (1, T)
-            positions = torch.arange(ids.shape[1], device=self.device)[None]  # (1, T)
-        with clock.stage("forward"):
-            hidden = self.model(ids, positions)  # (1, T, hidden)
-            logits = self.model.compute_logits(hidden[:, -1])  # (1, vocab): only the last position is needed
-        with clock.stage("sample"):
-            token = sample(logits, [seq.params], [seq.generator])[0]
+        num_computed = seq.num_tokens  # the whole sequence goes through the model
+        token = self.next_token(seq)
+        if "forward" not in clock.times:  # a next_token that times no stages of its own: all of it is the forward
+            with clock.stage("forward"):
+                pass
         with clock.stage("detokenize"):
-            seq.append_token(token, clock.last)
-            if seq.is_finished:
+            seq.record_token(token, clock.last)
+            stop = self.check_stop(seq)
+            if stop is not None:
+                reason, stop_reason = stop
+                seq.finish(FinishReason(reason), stop_reason, clock.last)
                 self.running = None
-        self.record_step(clock.start, clock.last, clock.times, num_seqs=1, num_computed_tokens=ids.shape[1],
+        self.record_step(clock.start, clock.last, clock.times, num_seqs=1, num_computed_tokens=num_computed,
                          num_new_tokens=1, num_prefill_tokens=0, is_prefill=is_prefill)
         return [seq]

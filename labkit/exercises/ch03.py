@@ -4,6 +4,10 @@ Task 1 mirrors ``labkit.cache.contiguous.write_kv``: the cache update. Checked d
 then end to end inside the real engine: ``LLM(..., engine="kvcache", kv_cache_cls=cache_with(fn))`` runs
 a ``ContiguousKVCache`` subclass whose update is the learner's, and must produce the same greedy tokens
 as the ``naive`` engine, which recomputes everything and needs no cache at all.
+
+Task 2 is a ``ContiguousKVCache`` subclass that overrides ``attend``: append this step's keys and values to the
+cache, then attend over every cached column with the cache's mask. Its checker runs engine ``kvcache`` with the
+learner's cache, compares every ``attend`` call with labkit's (``labkit.exercises.cache_attend``), then the tokens.
 """
 
 from __future__ import annotations
@@ -14,6 +18,16 @@ import torch
 
 from labkit.cache.contiguous import ContiguousKVCache
 from labkit.exercises import Check, CheckResult, run_checker
+from labkit.exercises.cache_attend import watching_attend
+from labkit.exercises.engine_runs import (
+    KV_ALONE,
+    KV_BATCHES,
+    KV_MAX_NUM_SEQS,
+    KV_SAMPLED,
+    check_runs,
+    make_llm,
+    require_subclass,
+)
 
 WriteKV = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 PROMPTS = ["Once upon a time, there was a little fox named Lily.", "The dog ran to the park.", "One day"]
@@ -56,5 +70,23 @@ def check_write_kv(fn: WriteKV, model: str = "labkit-tiny", max_tokens: int = 12
         "Task 1 (write_kv)",
         "cache is (B, heads, max_len, d) but new is (B, T, heads, d): transpose before writing into "
         "cache[:, :, start:start+T], and return cache[:, :, :start+T] transposed back.",
+        body,
+    )
+
+
+def check_attend(cls: type[ContiguousKVCache], model: str = "labkit-tiny") -> CheckResult:
+    """Task 2: ``cls`` (a ``ContiguousKVCache`` subclass) appends each step's K/V and attends over the cache."""
+
+    def body(check: Check) -> None:
+        cache = watching_attend(require_subclass(cls, ContiguousKVCache, "class MyKVCache(ContiguousKVCache): ..."))
+        llm = make_llm("kvcache", model, max_num_seqs=KV_MAX_NUM_SEQS, kv_cache_cls=cache)
+        check_runs(check, llm, (KV_ALONE, KV_BATCHES, KV_SAMPLED), "attend", model, "kvcache",
+                   (("max_num_seqs", KV_MAX_NUM_SEQS),))
+
+    return run_checker(
+        "Task 2 (attend)",
+        "write first (self.write(self.k[layer_idx], k, self.length) returns every column so far, cached and new; "
+        "the same for v), then attend over what it returned with sdpa and the cache's mask: mask=self.mask, "
+        "is_causal=False. The mask already says which columns each query may see.",
         body,
     )

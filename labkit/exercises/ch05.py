@@ -3,6 +3,11 @@
 Task 1 mirrors ``labkit.analysis.batching.static_batch_tokens``: how many token positions one static batch
 computes, and how many of them were useful. Checked on hand-counted batches, then on random batches
 against a cell-by-cell count of the slot-occupancy grid (``labkit.analysis.batching.static_batch_occupancy``).
+
+Tasks 2 and 3 build the static batch inside engine ``kvcache``: a ``KVCacheEngine`` subclass overriding
+``prepare_prefill`` (left padding, positions, which columns are real; ``LLM(..., engine=MyEngine)``) and a
+``ContiguousKVCache`` subclass overriding ``attention_mask`` (padding and the future hidden; ``kv_cache_cls=``).
+Their checkers compare every call with labkit's (``labkit.exercises.static_batch``), then the tokens.
 """
 
 from __future__ import annotations
@@ -12,7 +17,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from labkit.analysis.batching import static_batch_occupancy
+from labkit.cache.contiguous import ContiguousKVCache
+from labkit.engine.kvcache import KVCacheEngine
 from labkit.exercises import Check, CheckResult, run_checker
+from labkit.exercises.engine_runs import KV_MAX_NUM_SEQS, check_runs, make_llm, require_subclass
+from labkit.exercises.static_batch import (
+    OPTIONS,
+    SETUPS,
+    check_mask_cases,
+    watching_attention_mask,
+    watching_prepare_prefill,
+)
 
 # (prompt_lens, output_lens) of one static batch -> (computed, useful), counted by hand:
 # computed = B x (max prompt + max output - 1); useful = sum of (prompt + output - 1).
@@ -58,5 +73,40 @@ def check_static_batch_tokens(fn: Callable[[Sequence[int], Sequence[int]], Any],
         "(max output - 1 of them: the prefill already samples the first token). A request needs only its "
         "own prompt + output - 1 positions: the last output token is sampled, never fed back. "
         "Return (computed, useful), in that order.",
+        body,
+    )
+
+
+def check_prepare_prefill(cls: type[KVCacheEngine], model: str = "labkit-tiny") -> CheckResult:
+    """Task 2: ``cls`` (a ``KVCacheEngine`` subclass) builds a static batch's prefill inputs as engine kvcache must."""
+
+    def body(check: Check) -> None:
+        engine = watching_prepare_prefill(require_subclass(cls, KVCacheEngine, "class MyEngine(KVCacheEngine): ..."))
+        check_runs(check, make_llm(engine, model, max_num_seqs=KV_MAX_NUM_SEQS), SETUPS, "prepare_prefill", model,
+                   "kvcache", OPTIONS)
+
+    return run_checker(
+        "Task 2 (prepare_prefill)",
+        "T = the longest prompt; a row with p prompt tokens holds them in its LAST p columns (left padding), "
+        "valid is True exactly there, and their positions count 0 .. p-1 from the row's first real token; "
+        "padding columns: id 0, position 0, valid False.",
+        body,
+    )
+
+
+def check_attention_mask(cls: type[ContiguousKVCache], model: str = "labkit-tiny") -> CheckResult:
+    """Task 3: ``cls`` (a ``ContiguousKVCache`` subclass) masks padding and the future as a static batch needs."""
+
+    def body(check: Check) -> None:
+        cache = require_subclass(cls, ContiguousKVCache, "class MyCache(ContiguousKVCache): ...")
+        if check_mask_cases(check, cache, model):
+            llm = make_llm("kvcache", model, max_num_seqs=KV_MAX_NUM_SEQS, kv_cache_cls=watching_attention_mask(cache))
+            check_runs(check, llm, SETUPS, "attention_mask", model, "kvcache", OPTIONS)
+
+    return run_checker(
+        "Task 3 (attention_mask)",
+        "query t sits in column start + t; it may see column j when valid[b, j] and j <= start + t (broadcast "
+        "valid (B, 1, 1, S) against a (T, S) comparison of two torch.arange's), and a padding query must still "
+        "see itself (OR in j == start + t).",
         body,
     )

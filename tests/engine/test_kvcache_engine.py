@@ -91,3 +91,32 @@ def test_stop_strings_and_stream_with_the_cache(bundled_path) -> None:
 def test_max_num_seqs_is_checked(bundled_path) -> None:
     with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1, got 0"):
         LLM(str(bundled_path), engine="kvcache", max_num_seqs=0)
+
+
+def test_subclasses_prepare_prefill_and_attention_mask_run_inside_the_engine(bundled_path) -> None:
+    from labkit.cache.contiguous import ContiguousKVCache
+    from labkit.engine.kvcache import KVCacheEngine
+
+    batches: list[list[int]] = []
+    masks: list[tuple[int, ...]] = []
+
+    class MyEngine(KVCacheEngine):  # notebook 05's Task 2
+        def prepare_prefill(self, seqs):  # type: ignore[no-untyped-def]
+            batches.append([s.num_prompt_tokens for s in seqs])
+            return super().prepare_prefill(seqs)
+
+    class MyCache(ContiguousKVCache):  # notebook 05's Task 3
+        def attention_mask(self, valid, start):  # type: ignore[no-untyped-def]
+            mask = super().attention_mask(valid, start)
+            masks.append(tuple(mask.shape))
+            return mask
+
+    llm = LLM(str(bundled_path), engine=MyEngine, kv_cache_cls=MyCache, max_num_seqs=2)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), use_tqdm=False)
+    lens = [len(o.prompt_token_ids) for o in outs]
+    assert batches == [lens[:2], lens[2:]]
+    assert masks == [(2, 1, max(lens[:2]), max(lens[:2])), (2, 1, 1, max(lens[:2]) + 1),
+                     (2, 1, 1, max(lens[:2]) + 2), (1, 1, lens[2], lens[2]), (1, 1, 1, lens[2] + 1),
+                     (1, 1, 1, lens[2] + 2)]
+    for out in outs:
+        assert out.outputs[0].token_ids == hf_greedy(bundled_path, out.prompt_token_ids, 3)

@@ -164,3 +164,30 @@ def test_max_tokens_none_fills_the_context(bundled_path) -> None:
 def test_end_of_turn_from_generation_config_stops_like_transformers(llm: LLM, tokenizer) -> None:
     end = tokenizer.convert_tokens_to_ids("<|end|>")
     assert end in llm.eos_token_ids  # generation_config.json lists it, as transformers' generate uses
+
+
+def test_a_subclass_next_token_and_check_stop_run_inside_the_engine(bundled_path) -> None:
+    import torch
+
+    from labkit.engine.naive import NaiveEngine
+
+    seen: list[int] = []
+
+    class MyEngine(NaiveEngine):  # notebook 02's Tasks 2 and 3: no stage timing, a stop rule of its own
+        def next_token(self, seq):  # type: ignore[no-untyped-def]
+            seen.append(seq.num_tokens)
+            ids = torch.tensor([seq.token_ids])
+            return int(self.model.compute_logits(self.model(ids, torch.arange(ids.shape[1])[None])[:, -1]).argmax())
+
+        def check_stop(self, seq):  # type: ignore[no-untyped-def]
+            return ("stop", 7) if seq.num_output_tokens == 3 else super().check_stop(seq)
+
+    llm = LLM(str(bundled_path), engine=MyEngine, device="cpu")
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    n = len(out.prompt_token_ids)
+    assert seen == [n, n + 1, n + 2]
+    assert out.outputs[0].token_ids == hf_greedy(bundled_path, out.prompt_token_ids, 3)
+    assert (out.outputs[0].finish_reason, out.outputs[0].stop_reason) == ("stop", 7)
+    for s in llm.engine.step_stats:  # its untimed next_token counts as the forward stage; the stages still tile
+        assert set(s.stage_times) == {"schedule", "forward", "detokenize"}
+        assert sum(s.stage_times.values()) == pytest.approx(s.duration, rel=1e-6, abs=1e-6)
