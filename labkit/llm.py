@@ -11,6 +11,7 @@ A request's path: ``InputProcessor`` (tokenize, validate, build ``Sequence``s) -
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
@@ -27,6 +28,7 @@ from labkit.engine.llm_engine import LLMEngine
 from labkit.engine.output_processor import OutputProcessor, RequestFailedError
 from labkit.engine.registry import create_engine, default_engine, engine_class
 from labkit.model import CausalLM, load_checkpoint, random_model
+from labkit.model.layers import MergedLinear
 from labkit.model.source import BUNDLED_MODEL, ModelSource, resolve_model_source
 from labkit.outputs import RequestOutput
 from labkit.sampling_params import SamplingParams
@@ -77,13 +79,40 @@ class LLM:
         self.input_processor = InputProcessor(self.engine, self.tokenizer, self.model_config.vocab_size,
                                               self.eos_token_ids, self.device, seed)
         self.llm_engine = LLMEngine(self.engine, self.input_processor, OutputProcessor())
+        self.closed = False
 
     def __repr__(self) -> str:
         return (f"LLM(model={self.source.name!r}, engine={self.engine_name!r}, device={self.device}, "
-                f"dtype={self.dtype}, max_model_len={self.max_model_len})")
+                f"dtype={self.dtype}, max_model_len={self.max_model_len}{', closed' if self.closed else ''})")
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release everything this LLM holds: the engine's KV pool, CUDA graphs and worker thread, and the model's
+        weights; on CUDA the freed memory goes back to the device (``torch.cuda.empty_cache``), so the next engine
+        gets it. Requests still running are aborted. Safe to call twice; the LLM cannot generate afterwards.
+        ``with LLM(...) as llm:`` closes it at the end of the block."""
+        if self.closed:
+            return
+        self.closed = True
+        self.engine.close()
+        release_weights(self.model)
+        if self.device.type == "cuda":
+            gc.collect()  # tensors held only by reference cycles (a failed step's traceback) go first
+            torch.cuda.empty_cache()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"this LLM ({self.source.name}, engine {self.engine_name!r}) is closed: close() "
+                               "released its model and KV memory; create a new LLM")
 
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
         """Prompt -> token ids (strings get the tokenizer's special tokens, e.g. BOS), with clear errors."""
+        self._check_open()
         return self.input_processor.encode(prompt, index)
 
     def generate(
@@ -103,6 +132,7 @@ class LLM:
         have ``finish_reason == "error"``). A KeyboardInterrupt (the notebook's ■) aborts this call's
         requests, frees their KV memory and propagates: the next cell can use the engine at once.
         """
+        self._check_open()
         start = time.perf_counter()  # requests arrive before they are tokenized, as in vLLM
         prompts, params = self.input_processor.broadcast(prompts, sampling_params)
         offsets = self.input_processor.check_arrivals(arrival_times, len(prompts))
@@ -120,6 +150,7 @@ class LLM:
         Closing the generator early (``break``, an exception, a KeyboardInterrupt) aborts the request
         and frees its KV memory. If its engine step fails, ``RequestFailedError`` is raised.
         """
+        self._check_open()
         if sampling_params is not None and sampling_params.n != 1:
             raise ValueError(f"stream takes n=1 (one sequence), got n={sampling_params.n}; use generate for n > 1")
         prompts, params = self.input_processor.broadcast(prompt, sampling_params)
@@ -142,6 +173,7 @@ class LLM:
         The low-level path (vLLM's ``llm_engine.add_request`` / ``step``) for notebooks that watch
         an engine work step by step. Returns the n sequences of the request.
         """
+        self._check_open()
         return self.llm_engine.add_request(prompt, sampling_params)
 
     def step(self) -> list[Sequence]:
@@ -150,4 +182,15 @@ class LLM:
         Unlike ``generate``, a failed step raises ``StepFailedError`` naming its sequences: whoever steps
         by hand sees the fault where it happened.
         """
+        self._check_open()
         return self.engine.step()
+
+
+def release_weights(model: CausalLM) -> None:
+    """Free a model's weights: its parameters and buffers keep their shapes on the meta device (no storage), and the
+    merged projections (``MergedLinear``, which hold the tensors the parameters are views of) let go of theirs."""
+    model.to("meta")
+    for module in model.modules():
+        for part in vars(module).values():
+            if isinstance(part, MergedLinear):
+                part.weight = part.bias = None

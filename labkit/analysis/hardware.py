@@ -85,6 +85,19 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
+def describe_device(device: torch.device) -> dict[str, str]:
+    """What a report needs to name the hardware: the device, and on CUDA its memory, compute capability and the
+    CUDA version torch was built with (``scripts/gpu_check.py``)."""
+    info = {"device": device.type, "name": device_name(device), "torch": torch.__version__}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(memory=f"{props.total_memory / 1e9:.1f} GB", compute_capability=f"{props.major}.{props.minor}",
+                    multiprocessors=str(props.multi_processor_count), cuda=str(torch.version.cuda))
+    else:
+        info.update(threads=str(torch.get_num_threads()))
+    return info
+
+
 def measure_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> tuple[float, float]:
     """(read, copy) bandwidth in bytes/s over float32 buffers of ``nbytes``; best of ``repeats``."""
     n = nbytes // 4

@@ -21,6 +21,23 @@ from labkit.cache.paged import PagedKVPool
 from labkit.model.attention import sdpa
 
 
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``. On CUDA: from pinned memory, without making the host wait for the device's queue
+    (a copy from ordinary memory blocks until the GPU is idle). On the CPU: the tensor itself, no copy."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def split_host_ints(pieces: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """Lists of ints -> int64 tensors on ``device``, moved in one copy (each result is a view of it)."""
+    if not pieces:
+        return []
+    sizes = [len(p) for p in pieces]
+    flat = host_to_device(torch.tensor(list(chain.from_iterable(pieces)), dtype=torch.long), device)  # (sum,)
+    return list(flat.split(sizes))
+
+
 def decode_mask(tables: torch.Tensor, block_size: int, context_lens: torch.Tensor) -> torch.Tensor:
     """(B, 1, 1, S) boolean: which of the gathered slots hold a sequence's context (padding blocks do not)."""
     k_pos = torch.arange(tables.shape[1] * block_size, device=tables.device)  # (S,)
@@ -60,8 +77,8 @@ def split_decode_blocks(block_tables: list[list[int]], context_lens: list[int], 
     past_end = np.where(np.arange(block_size) < n_valid[:, None], 0.0, -np.inf)  # (P, block_size)
     bias = np.repeat(past_end, n_kv, axis=0)[:, None, :]  # (P * n_kv, 1, block_size): same for every KV head
     bias = torch.from_numpy(bias.astype(np.float64 if dtype == torch.float64 else np.float32))
-    index = torch.from_numpy(np.stack([row, block])).to(device, non_blocking=True)  # (2, P)
-    return DecodeSplit(index[0], index[1], bias.to(device, non_blocking=True))
+    index = host_to_device(torch.from_numpy(np.stack([row, block])), device)  # (2, P)
+    return DecodeSplit(index[0], index[1], host_to_device(bias, device))
 
 
 def split_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,

@@ -16,6 +16,7 @@ from labkit.attention.decode import (
     UniformDecode,
     split_decode_attention,
     split_decode_blocks,
+    split_host_ints,
     uniform_decode_attention,
 )
 from labkit.attention.metadata import PagedAttentionBackend, PagedAttentionMetadata
@@ -54,30 +55,41 @@ class TorchAttentionBackend(PagedAttentionBackend):
             starts.append(starts[-1] + n)
         self.num_tokens = starts[-1]
         decode_rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
-        self.decode_token_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)
-        self.decode: DecodeSplit | UniformDecode | None = None
-        if decode_rows:  # once per step, for every layer
+        prefill_rows = [i for i, n in enumerate(meta.query_lens) if n != 1]
+        # Every small index tensor of the step is built on the host and moved to the device in one copy (pinned,
+        # non-blocking on CUDA); each piece is a view of it. One list of ints per piece, in this order:
+        pieces: list[list[int]] = []
+        uniform = False
+        if decode_rows and prefill_rows:  # where each decode's token sits among the step's N tokens
+            pieces.append([starts[i] for i in decode_rows])
+        if decode_rows:
             lens = [meta.context_lens[i] for i in decode_rows]
-            if len(set(lens)) == 1:  # nothing would be padded: one gather and plain attention
+            uniform = len(set(lens)) == 1  # nothing would be padded: one gather and plain attention
+            if uniform:
                 n = -(-lens[0] // self.block_size)
-                table = [b for i in decode_rows for b in meta.block_tables[i][:n]]
-                self.decode = UniformDecode(torch.tensor(table, dtype=torch.long, device=device), lens[0])
-            else:
-                k_pool = pool.k[0]  # (num_blocks, block_size, n_kv, d)
-                self.decode = split_decode_blocks([meta.block_tables[i] for i in decode_rows], lens,
-                                                  self.block_size, k_pool.shape[2], k_pool.dtype, device)
+                pieces.append([b for i in decode_rows for b in meta.block_tables[i][:n]])
+        cached = [i for i in prefill_rows if meta.context_lens[i] != meta.query_lens[i]]  # prefills onto a cache
+        for i in cached:
+            pieces.append(meta.block_tables[i][: -(-meta.context_lens[i] // self.block_size)])
+        views = iter(split_host_ints(pieces, device))
+        self.decode_token_idx = next(views) if decode_rows and prefill_rows else None
+        self.decode: DecodeSplit | UniformDecode | None = None
+        if uniform:
+            self.decode = UniformDecode(next(views), meta.context_lens[decode_rows[0]])
+        elif decode_rows:  # once per step, for every layer
+            k_pool = pool.k[0]  # (num_blocks, block_size, n_kv, d)
+            self.decode = split_decode_blocks([meta.block_tables[i] for i in decode_rows],
+                                              [meta.context_lens[i] for i in decode_rows],
+                                              self.block_size, k_pool.shape[2], k_pool.dtype, device)
         self.prefills: list[PrefillSlice] = []
-        for i, n in enumerate(meta.query_lens):
-            if n == 1:
-                continue
-            ctx = meta.context_lens[i]
+        for i in prefill_rows:
+            n, ctx = meta.query_lens[i], meta.context_lens[i]
             if ctx == n:  # nothing cached before this chunk
                 self.prefills.append(PrefillSlice(starts[i], n, ctx))
                 continue
-            table = torch.tensor(meta.block_tables[i][: -(-ctx // self.block_size)], dtype=torch.long, device=device)
             q_pos = torch.arange(ctx - n, ctx, device=device)[:, None]  # new tokens sit at the end
             mask = torch.arange(ctx, device=device)[None, :] <= q_pos  # (n, ctx): causal over cache + new
-            self.prefills.append(PrefillSlice(starts[i], n, ctx, table, mask))
+            self.prefills.append(PrefillSlice(starts[i], n, ctx, next(views), mask))
         self.only_decodes = not self.prefills
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -89,6 +101,7 @@ class TorchAttentionBackend(PagedAttentionBackend):
             return self._attend_decodes(q[0], k_pool, v_pool)[None]
         out = torch.empty_like(q)  # (1, N, n_heads, d)
         if self.decode is not None:
+            assert self.decode_token_idx is not None
             out[0, self.decode_token_idx] = self._attend_decodes(q[0, self.decode_token_idx], k_pool, v_pool)
         for p in self.prefills:
             new = slice(p.start, p.start + p.num_new)

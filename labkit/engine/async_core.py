@@ -82,6 +82,8 @@ class AsyncEngineCore(EngineCore):
             with clock.stage("prepare"):
                 inputs = self.runner.prepare_step(out)
         host_times = dict(clock.times)
+        if not out.seqs and prev is None:
+            self.check_progress()
         done = self._resolve(prev, clock) if prev is not None else []
         if out.seqs:
             if any(s.is_finished for s in out.seqs):  # stopped on its pending token, or aborted meanwhile
@@ -132,6 +134,14 @@ class AsyncEngineCore(EngineCore):
                          num_computed_tokens=step.out.num_batched_tokens, num_new_tokens=len(done),
                          num_prefill_tokens=step.num_prefill_tokens, kv_blocks_used=step.kv_blocks_used)
         return done
+
+    def close(self) -> None:
+        """Let a launched step finish (its blocks are being written), stop the worker thread, then release the rest."""
+        self._drain_in_flight()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        super().close()
 
     def _fail_step(self, exc: BaseException) -> tuple[list[Sequence], list[Sequence]]:
         self._drain_in_flight()  # its blocks may be about to be freed: let the device finish with them first

@@ -180,5 +180,9 @@ class Engine(ABC):
     def abort_all(self) -> list[Sequence]:
         return [s for s in (self.abort_request(i) for i in self.unfinished_seq_ids()) if s is not None]
 
+    def close(self) -> None:
+        """Release what the engine holds on the device (a KV pool, CUDA graphs, worker threads); ``LLM.close`` calls
+        it. Nothing to release here: engines that hold such things override it."""
+
     def check_invariants(self) -> None:
         """Debug mode (``debug_checks``): raise AssertionError if the engine's books do not balance."""

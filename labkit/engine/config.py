@@ -14,12 +14,13 @@ import os
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from labkit.attention import PagedAttentionBackend, resolve_attention_backend
+from labkit.attention import ATTENTION_BACKENDS, PagedAttentionBackend, resolve_attention_backend
 from labkit.cache.block_manager import BlockManager
 from labkit.cache.contiguous import ContiguousKVCache
 from labkit.engine.sched.scheduler import Scheduler
 
 T = TypeVar("T")
+MAX_CAPTURE_SIZE = 512  # vLLM's cap on CUDA-graph batch sizes: larger decode batches run eagerly
 
 
 def debug_checks_default() -> bool:
@@ -85,8 +86,10 @@ class PagedConfig(EngineConfig):
     debug_checks: bool = field(default_factory=debug_checks_default)
     # Host-side options (notebook 10). "loop" is the per-token Python input preparation it starts from.
     prepare_inputs: str = "vectorized"
-    enforce_eager: bool = True  # False: capture decode steps as CUDA graphs and replay them (CUDA only)
-    cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch-size buckets
+    # CUDA graphs for decode steps (notebook 10). None: graphs on CUDA, eager elsewhere; False off CUDA is an error.
+    enforce_eager: bool | None = None
+    # Decode batch sizes captured at start-up (vLLM's name). None: capture_sizes(max_num_seqs).
+    cuda_graph_sizes: tuple[int, ...] | None = None
     async_scheduling: bool = False  # plan step N+1 while the device runs step N (continuous, chunked; notebook 10)
 
     def __post_init__(self) -> None:
@@ -100,7 +103,10 @@ class PagedConfig(EngineConfig):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.prepare_inputs not in ("loop", "vectorized"):
             raise ValueError(f"prepare_inputs must be 'loop' or 'vectorized', got {self.prepare_inputs!r}")
-        sizes = tuple(self.cuda_graph_sizes)
+        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True, False or None (CUDA graphs on CUDA only), "
+                             f"got {self.enforce_eager!r}")
+        sizes = capture_sizes(self.max_num_seqs) if self.cuda_graph_sizes is None else tuple(self.cuda_graph_sizes)
         if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
             raise ValueError(f"cuda_graph_sizes must be positive ints, got {self.cuda_graph_sizes!r}")
         self.cuda_graph_sizes = tuple(sorted(set(sizes)))
@@ -111,6 +117,29 @@ class PagedConfig(EngineConfig):
         if isinstance(backend, str) and "." in backend:  # an import path, e.g. from the server's command line
             backend = resolve_class("attention_backend", backend, PagedAttentionBackend)
         self.attention_backend = resolve_attention_backend(backend)
+
+    def use_cuda_graphs(self, device_type: str) -> bool:
+        """Whether decode steps run as CUDA graphs on this device: ``enforce_eager=None`` means yes on CUDA and no
+        elsewhere (vLLM's default on a GPU); ``enforce_eager=False`` off CUDA is an error, not a silent no-op."""
+        # A captured decode step replays labkit's own decode attention: another backend (a learner's) runs eagerly.
+        own_backend = resolve_attention_backend(self.attention_backend) is ATTENTION_BACKENDS["torch"]
+        if self.enforce_eager is None:
+            return device_type == "cuda" and own_backend
+        if not self.enforce_eager and device_type != "cuda":
+            raise ValueError(f"enforce_eager=False needs a CUDA device (CUDA graphs hide GPU launch overhead); this "
+                             f"engine runs on {device_type}. Notebook 10 shows the CPU-side fixes instead.")
+        if not self.enforce_eager and not own_backend:
+            raise ValueError("enforce_eager=False captures decode steps with labkit's own attention, which would "
+                             f"bypass attention_backend={self.attention_backend!r}; use enforce_eager=True (or None)")
+        return not self.enforce_eager
+
+
+def capture_sizes(max_num_seqs: int, cap: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
+    """vLLM's CUDA-graph capture sizes: 1, 2, 4, 8, then every multiple of 8, up to the first size that holds
+    ``max_num_seqs`` decodes (so every decode batch has a bucket) and never beyond ``cap``."""
+    sizes = [1, 2, 4] + list(range(8, cap + 1, 8))
+    last = next((i for i, b in enumerate(sizes) if b >= max_num_seqs), len(sizes) - 1)
+    return tuple(sizes[: last + 1])
 
 
 @dataclass

@@ -29,22 +29,40 @@ CPU_KV_BUDGET = 1 << 30  # bytes: the CPU default when neither num_gpu_blocks no
 
 
 def pool_num_blocks(model: CausalLM, config: PagedConfig) -> int:
-    """How many KV blocks fit the configured budget."""
-    if config.num_gpu_blocks is not None:
-        return config.num_gpu_blocks
+    """How many KV blocks fit the configured budget. A pool larger than the device's memory is refused here,
+    with the option and the limit, rather than by the allocator."""
+    import os  # (here, not at the top: this function is the part of the module that sizes memory)
+
     block_bytes = kv_block_bytes(model.config, config.block_size, model.dtype)
-    if config.kv_cache_memory is not None:
-        budget = config.kv_cache_memory
-    elif model.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(model.device)
-        budget = int(free * config.gpu_memory_utilization)
-    else:  # enough for every slot at full length, within a modest CPU budget
-        assert config.max_model_len is not None
-        budget = min(CPU_KV_BUDGET, config.max_num_seqs * config.max_model_len * block_bytes // config.block_size)
-    num_blocks = budget // block_bytes
-    if num_blocks < 1:
-        raise ValueError(f"a KV budget of {budget} bytes holds no block ({block_bytes} bytes each at "
-                         f"block_size {config.block_size}); raise kv_cache_memory or num_gpu_blocks")
+    if model.device.type == "cuda":
+        device_bytes = torch.cuda.mem_get_info(model.device)[0]  # free: the pool must fit beside the weights
+    else:
+        try:
+            device_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # no sysconf (Windows): let the allocator decide
+            device_bytes = None
+    if config.num_gpu_blocks is not None:
+        option, num_blocks = "num_gpu_blocks", config.num_gpu_blocks
+    else:
+        if config.kv_cache_memory is not None:
+            budget = config.kv_cache_memory
+        elif model.device.type == "cuda":
+            assert device_bytes is not None
+            budget = int(device_bytes * config.gpu_memory_utilization)
+        else:  # enough for every slot at full length, within a modest CPU budget
+            assert config.max_model_len is not None
+            budget = min(CPU_KV_BUDGET, config.max_num_seqs * config.max_model_len * block_bytes // config.block_size)
+        option, num_blocks = "kv_cache_memory", budget // block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"a KV budget of {budget} bytes holds no block ({block_bytes} bytes each at "
+                             f"block_size {config.block_size}); raise kv_cache_memory or num_gpu_blocks")
+    if device_bytes is not None and num_blocks * block_bytes > device_bytes:
+        memory = "free memory" if model.device.type == "cuda" else "memory"
+        raise ValueError(
+            f"{option}={getattr(config, option)} asks for a KV pool of {num_blocks} blocks x {block_bytes} bytes "
+            f"(block_size {config.block_size}) = {num_blocks * block_bytes / 2**30:.1f} GiB, more than this "
+            f"{model.device.type} device's {device_bytes / 2**30:.1f} GiB of {memory}; at most "
+            f"{device_bytes // block_bytes} blocks fit: lower {option}")
     return num_blocks
 
 
@@ -59,9 +77,7 @@ class EngineCore(Engine):
 
     def __init__(self, model: CausalLM, config: EngineConfig) -> None:
         super().__init__(model, config)
-        if not self.config.enforce_eager and model.device.type != "cuda":
-            raise ValueError(f"enforce_eager=False needs a CUDA device (CUDA graphs hide GPU launch overhead); this "
-                             f"engine runs on {model.device.type}. Notebook 10 shows the CPU-side fixes instead.")
+        use_graphs = self.config.use_cuda_graphs(model.device.type)  # enforce_eager=False off CUDA raises here
         if self.config.async_scheduling and not self.supports_async_scheduling:
             raise ValueError(f"async_scheduling=True needs an iteration-level scheduler: use engine 'continuous' or "
                              f"'chunked' (engine {self.name!r} runs static batches)")
@@ -72,8 +88,8 @@ class EngineCore(Engine):
                                                            self.config.enable_prefix_caching)
         self.runner = ModelRunner(model, self.pool, self.block_manager, self.config.prepare_inputs,
                                   resolve_attention_backend(self.config.attention_backend))
-        if not self.config.enforce_eager:
-            assert self.config.max_model_len is not None
+        if use_graphs:  # every graph is captured here, at start-up: none mid-run
+            assert self.config.max_model_len is not None and self.config.cuda_graph_sizes is not None
             max_blocks = self.block_manager.blocks_needed(self.config.max_model_len)
             self.runner.use_decode_graphs(self.config.cuda_graph_sizes, max_blocks)
         scheduler_cls = self.config.scheduler_cls or self.scheduler_cls
@@ -146,6 +162,23 @@ class EngineCore(Engine):
         assert all(not s.is_finished for s in running), "a finished sequence is still running"
         self.block_manager.check_invariants(running)
 
+    def close(self) -> None:
+        """Abort what still runs (its blocks go back), then drop the CUDA graphs and the KV pool's memory."""
+        self.abort_all()
+        self.runner.close()
+
+    def check_progress(self) -> None:
+        """After a step that scheduled nothing: if requests wait and none runs, no later step can differ (a
+        scheduler that never admits, e.g. a learner's with a bug), so fail the waiting ones instead of spinning."""
+        waiting = [s for s in self.scheduler.unfinished_sequences() if s not in self.scheduler.running]
+        if waiting and not self.scheduler.running:
+            self._scheduled = waiting  # the sequences this step's failure fails
+            raise RuntimeError(
+                f"{type(self.scheduler).__name__} scheduled nothing while {len(waiting)} request(s) wait and none "
+                f"runs ({self.block_manager.num_free_blocks} of {self.num_blocks} KV blocks free, "
+                f"{self.config.max_num_seqs} slots): it would never admit them"
+            )
+
     # ---- one synchronous step ----
 
     def _step(self) -> list[Sequence]:
@@ -154,6 +187,7 @@ class EngineCore(Engine):
             out = self.scheduler.schedule(clock.start)
         self.num_preemptions = self.scheduler.num_preemptions
         if not out.seqs:
+            self.check_progress()
             return []
         num_prefill = out.num_prefill_tokens  # before the runner advances num_computed_tokens
         self._before_forward(out.seqs)

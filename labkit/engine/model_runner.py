@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from labkit.attention import PagedAttentionBackend, PagedAttentionMetadata, TorchAttentionBackend
+from labkit.attention.decode import host_to_device
 from labkit.cache.block_manager import BlockManager
 from labkit.cache.paged import PagedKVPool
-from labkit.engine.cuda_graphs import DecodeGraphs
+from labkit.engine.cuda_graphs import DecodeGraphs, capture_supported
 from labkit.engine.sampler import sample
 from labkit.engine.sched.output import SchedulerOutput
 from labkit.engine.step import StageClock
@@ -37,6 +38,9 @@ class StepInputs:
     copies: list[tuple[int, int]]  # copy-on-write block copies to run before the forward pass
     # Async scheduling: (row, sequence) whose input token the previous step is still sampling.
     pending_rows: list[tuple[int, Sequence]] = field(default_factory=list)
+    # A decode step that CUDA graphs replay: (B, 1 + W) context lengths, then block tables (``DecodeGraphs.run``).
+    graph_meta: torch.Tensor | None = None
+    logits_index: torch.Tensor | None = None  # logits_rows on the device
 
 
 def new_token_ids(seq: Sequence, start: int, n: int) -> list[int]:
@@ -69,23 +73,30 @@ class ModelRunner:
         self.prepare = self.prepare_vectorized if prepare_inputs == "vectorized" else self.prepare_loop
         self.graphs: DecodeGraphs | None = None
 
-    def use_decode_graphs(self, sizes: tuple[int, ...], max_blocks: int, capture: bool = True) -> DecodeGraphs:
-        """Run decode steps through ``DecodeGraphs``; the pool's last block (never allocated) is the scratch."""
+    def use_decode_graphs(self, sizes: tuple[int, ...], max_blocks: int, capture: bool | None = None) -> DecodeGraphs:
+        """Run decode steps through ``DecodeGraphs``, every graph captured now (``capture``: default on CUDA; off
+        CUDA the same padded path runs eagerly). The pool's last block (never allocated) is the scratch."""
         if self.pool.num_blocks <= self.block_manager.num_blocks:
             raise ValueError("decode graphs need a scratch block: the pool must be one block larger than the "
                              "block manager's")
+        capture = capture_supported(self.device) if capture is None else capture
         self.graphs = DecodeGraphs(self.model, self.pool, sizes, max_blocks, self.pool.num_blocks - 1, capture)
         return self.graphs
+
+    def close(self) -> None:
+        """Release the graphs and the KV pool's memory (``LLM.close``); the runner cannot run a step afterwards."""
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+        self.pool.k.clear()  # the pool's per-layer tensors: nothing else holds them between steps
+        self.pool.v.clear()
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """Host -> device without making the host wait for the device's queue: on CUDA from pinned memory,
         non-blocking (async scheduling prepares the next step while the device still runs this one)."""
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t.to(self.device)
+        return host_to_device(t, self.device)
 
-    def prepare_loop(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata,
-                                                            list[int]]:
+    def prepare_loop(self, batch: SchedulerOutput) -> tuple[torch.Tensor, PagedAttentionMetadata, list[int]]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -97,18 +108,16 @@ class ModelRunner:
             slots += [self.block_manager.slot(seq, p) for p in range(start, start + n)]
             if start + n == seq.num_tokens + seq.num_pending_tokens:  # caught up: this step yields the next token
                 logits_rows.append(len(ids) - 1)
+        host = torch.tensor([ids, positions, slots], dtype=torch.long)  # (3, N): prepare_step moves it in one copy
         meta = PagedAttentionMetadata(
             query_lens=list(batch.num_new_tokens),
             context_lens=[s.num_computed_tokens + n for s, n in zip(batch.seqs, batch.num_new_tokens)],
             block_tables=[list(s.block_table) for s in batch.seqs],
-            slot_mapping=self.to_device(torch.tensor(slots, dtype=torch.long)),
+            slot_mapping=host[2],
         )
-        input_ids = self.to_device(torch.tensor([ids], dtype=torch.long))  # (1, N)
-        pos = self.to_device(torch.tensor([positions], dtype=torch.long))  # (1, N)
-        return input_ids, pos, meta, logits_rows
+        return host, meta, logits_rows
 
-    def prepare_vectorized(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata,
-                                                                  list[int]]:
+    def prepare_vectorized(self, batch: SchedulerOutput) -> tuple[torch.Tensor, PagedAttentionMetadata, list[int]]:
         if batch.num_batched_tokens <= SMALL_BATCH_TOKENS:
             return self.prepare_loop(batch)
         # NumPy, not torch, for the index arithmetic: each small torch op costs microseconds of dispatch.
@@ -124,22 +133,40 @@ class ModelRunner:
         pos = np.array(starts, dtype=np.int64)[row] + np.arange(len(ids)) - (ends - q_len)[row]  # (N,)
         slots = self.block_manager.slot_mapping(table[row], pos)  # (N,)
         sampled = np.array([a + n == s.num_tokens + s.num_pending_tokens for s, a, n in zip(seqs, starts, q_lens)])
-        # One host -> device copy for ids, positions and slots together.
-        packed = torch.from_numpy(np.stack([np.array(ids, dtype=np.int64), pos, slots]))  # (3, N)
-        packed = self.to_device(packed)
+        host = torch.from_numpy(np.stack([np.array(ids, dtype=np.int64), pos, slots]))  # (3, N) ids, positions, slots
         meta = PagedAttentionMetadata(
             query_lens=list(q_lens),
             context_lens=[a + n for a, n in zip(starts, q_lens)],
             block_tables=tables,
-            slot_mapping=packed[2],
-            # Only CUDA graphs read a padded table tensor; eager attention builds what it needs per step.
-            block_table_tensor=self.to_device(torch.from_numpy(table)) if self.graphs is not None else None,
+            slot_mapping=host[2],
         )
-        return packed[0][None], packed[1][None], meta, (ends[sampled] - 1).tolist()
+        return host, meta, (ends[sampled] - 1).tolist()
+
+    def graph_rows(self, meta: PagedAttentionMetadata) -> np.ndarray:
+        """(B, 1 + W) for a CUDA-graph decode step: each row's context length, then its block table padded with
+        the scratch block to the step's widest table W."""
+        assert self.graphs is not None
+        width = max(len(t) for t in meta.block_tables)
+        rows = np.full((len(meta.block_tables), 1 + width), self.graphs.scratch_block, dtype=np.int64)
+        rows[:, 0] = meta.context_lens
+        for i, t in enumerate(meta.block_tables):
+            rows[i, 1 : 1 + len(t)] = t
+        return rows
 
     def prepare_step(self, batch: SchedulerOutput) -> StepInputs:
-        """Everything the device needs for one step, built on the host."""
-        input_ids, positions, meta, logits_rows = self.prepare(batch)
+        """Everything the device needs for one step, built on the host and moved in one (pinned) copy: ids,
+        positions and slots, plus the context lengths and block tables of a step that CUDA graphs replay."""
+        host, meta, logits_rows = self.prepare(batch)
+        num_tokens, num_rows = host.shape[1], len(logits_rows)
+        parts = [host.flatten(), torch.tensor(logits_rows, dtype=torch.long)]  # (3N,), (R,)
+        graph_rows = self.graph_rows(meta) if self.graphs is not None and self.graphs.can_run(meta) else None
+        if graph_rows is not None:
+            parts.append(torch.from_numpy(graph_rows).flatten())  # (B (1 + W),)
+        packed = self.to_device(torch.cat(parts))  # the step's one host -> device copy
+        input_ids, positions, slots, logits_index, rest = packed.split([num_tokens] * 3 + [num_rows,
+                                                                       packed.numel() - 3 * num_tokens - num_rows])
+        meta.slot_mapping = slots  # (N,)
+        graph_meta = rest.view(graph_rows.shape) if graph_rows is not None else None
         samplers, pending_rows, ends = [], [], 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             ends += n
@@ -147,16 +174,16 @@ class ModelRunner:
                 samplers.append(seq)
             if seq.num_pending_tokens and seq.num_computed_tokens + n > seq.num_tokens:
                 pending_rows.append((ends - 1, seq))  # its input is the token the launched step is sampling
-        return StepInputs(input_ids, positions, meta, logits_rows, samplers, list(batch.copies), pending_rows)
+        return StepInputs(input_ids[None], positions[None], meta, logits_rows, samplers, list(batch.copies),
+                          pending_rows, graph_meta, logits_index)
 
     @staticmethod
     def fill_pending(inputs: StepInputs) -> None:
         """Async scheduling: once the previous step's tokens are known, write them into this step's inputs."""
         if not inputs.pending_rows:
             return
-        rows = torch.tensor([r for r, _ in inputs.pending_rows], device=inputs.input_ids.device)
-        tokens = torch.tensor([seq.output_token_ids[-1] for _, seq in inputs.pending_rows],
-                              dtype=torch.long, device=inputs.input_ids.device)
+        host = torch.tensor([[r, seq.output_token_ids[-1]] for r, seq in inputs.pending_rows])  # (P, 2)
+        rows, tokens = host_to_device(host, inputs.input_ids.device).unbind(1)  # one copy
         inputs.input_ids[0, rows] = tokens
         inputs.pending_rows = []
 
@@ -168,12 +195,13 @@ class ModelRunner:
         with clock.stage("forward"):
             self.pool.copy_blocks(inputs.copies)
             meta, rows = inputs.meta, inputs.logits_rows
-            if self.graphs is not None and self.graphs.can_run(meta):
-                hidden = self.graphs.run(inputs.input_ids, inputs.positions, meta)  # (1, B, hidden): replayed
+            if self.graphs is not None and inputs.graph_meta is not None:  # (1, B, hidden): replayed
+                hidden = self.graphs.run(inputs.input_ids[0], inputs.positions[0], meta.slot_mapping, inputs.graph_meta)
             else:
                 attention = self.attention_backend(self.pool, meta)
                 hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (1, N, hidden)
-            logits = self.model.compute_logits(hidden[0, rows]) if rows else None  # (n_sampled, vocab)
+            index = inputs.logits_index if inputs.logits_index is not None else rows
+            logits = self.model.compute_logits(hidden[0, index]) if rows else None  # (n_sampled, vocab)
         with clock.stage("sample"):
             samplers = inputs.samplers
             return sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if samplers else []

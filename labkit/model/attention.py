@@ -8,11 +8,17 @@ notebook to notebook is *where K/V come from*: recomputed (notebook 02), a conti
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend
 
 from labkit.model.config import ModelConfig
 from labkit.model.layers import MergedLinear, RMSNorm, RotaryEmbedding
@@ -34,19 +40,103 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None, :, :].expand(b, n_kv, n_rep, s, d).reshape(b, n_kv * n_rep, s, d)
 
 
+@dataclass(frozen=True)
+class SdpaPlan:
+    """How one attention call runs: with K/V heads repeated or shared (GQA), and which of PyTorch's SDPA kernels
+    may run it (empty: PyTorch's own choice, as on the CPU). Notebook 02 (``sdpa``); its CUDA side, notebook 10."""
+
+    repeat_kv: bool
+    backends: tuple[SDPBackend, ...]
+
+
+FLASH = SDPBackend.FLASH_ATTENTION
+MASKED_FUSED = (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)  # fused kernels that take a mask
+
+
+def sdpa_plan(device_type: str, has_mask: bool, is_gqa: bool, flash_ok: bool = True, fused_ok: bool = True) -> SdpaPlan:
+    """Pick a path that stays on a fused kernel. On CUDA, flash attention is the only fused kernel that takes grouped
+    K/V heads (``enable_gqa``), and it rejects an explicit mask (and float32, and pre-Ampere cards: ``flash_ok``);
+    the memory-efficient and cuDNN kernels take a mask but not GQA. So a masked (or non-flash) GQA call repeats K/V
+    and runs on those; anything else would fall back to the math kernel, which materialises the whole score matrix.
+    Off CUDA, or where no fused kernel takes the head size (``fused_ok``: a multiple of 8, at most 256): ``enable_gqa``
+    and PyTorch's choice, as always (on a CPU faster than repeating, and exact)."""
+    if device_type != "cuda" or not fused_ok:
+        return SdpaPlan(repeat_kv=False, backends=())
+    use_flash = flash_ok and not has_mask
+    if is_gqa and use_flash:
+        return SdpaPlan(repeat_kv=False, backends=(FLASH,))
+    return SdpaPlan(repeat_kv=is_gqa, backends=((FLASH,) if use_flash else ()) + MASKED_FUSED)
+
+
+@functools.lru_cache(maxsize=64)
+def flash_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether PyTorch's flash kernel can run attention here: 16-bit, head_dim a multiple of 8 up to 256, sm80+."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or head_dim % 8 or head_dim > 256:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+_SDP_FLAGS = (  # (backend, is it enabled?, enable it) -- the switches torch.nn.attention.sdpa_kernel flips
+    (SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.enable_flash_sdp),
+    (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled,
+     torch.backends.cuda.enable_mem_efficient_sdp),
+    (SDPBackend.CUDNN_ATTENTION, torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.enable_cudnn_sdp),
+    (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.enable_math_sdp),
+)
+_SDP_LOCK = threading.Lock()  # the switches are process-wide: two engines' threads take turns
+
+
+@contextmanager
+def only_backends(backends: tuple[SDPBackend, ...]) -> Iterator[None]:
+    """``torch.nn.attention.sdpa_kernel(backends)``, at a tenth of its cost (~3 µs instead of ~30 µs per call, once
+    per layer per step): if none of them accepts the call, SDPA raises instead of crawling on the math kernel."""
+    with _SDP_LOCK:
+        before = [enabled() for _, enabled, _ in _SDP_FLAGS]
+        for backend, _, enable in _SDP_FLAGS:
+            enable(backend in backends)
+        try:
+            yield
+        finally:
+            for was, (_, _, enable) in zip(before, _SDP_FLAGS):
+                enable(was)
+
+
+def run_sdpa(plan: SdpaPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+             is_causal: bool) -> torch.Tensor:
+    """``sdpa`` along a given plan; q: (B, T, n_heads, d), k, v: (B, S, n_kv_heads, d) -> (B, T, n_heads, d)."""
+    qh = q.transpose(1, 2)  # (B, n_heads, T, d)
+    kh = k.transpose(1, 2)  # (B, n_kv_heads, S, d)
+    vh = v.transpose(1, 2)  # (B, n_kv_heads, S, d)
+    n_rep = qh.shape[1] // kh.shape[1]
+    if plan.repeat_kv:
+        kh, vh = repeat_kv(kh, n_rep), repeat_kv(vh, n_rep)  # (B, n_heads, S, d)
+    causal = is_causal and mask is None
+    gqa = kh.shape[1] != qh.shape[1]
+    if not plan.backends:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+    else:
+        with only_backends(plan.backends):
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+    return out.transpose(1, 2)  # (B, T, n_heads, d)
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
     """Scaled dot-product attention over (B, T, heads, head_dim) tensors, with grouped K/V heads (GQA).
 
     mask, if given, is boolean and broadcastable to (B, n_heads, T, S): True where attention is allowed.
     ``enable_gqa`` lets each K/V head serve its group of query heads without copying it (``repeat_kv``
-    shows what that saves: materialising the copies cost more than the attention itself on a CPU).
+    shows what that saves: materialising the copies cost more than the attention itself on a CPU). On CUDA,
+    ``sdpa_plan`` picks the path that keeps the call on a fused kernel.
     """
-    qh = q.transpose(1, 2)  # (B, n_heads, T, d)
-    kh = k.transpose(1, 2)  # (B, n_kv_heads, S, d)
-    vh = v.transpose(1, 2)  # (B, n_kv_heads, S, d)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal and mask is None,
-                                         enable_gqa=qh.shape[1] != kh.shape[1])
-    return out.transpose(1, 2)  # (B, T, n_heads, d)
+    if q.device.type != "cuda":  # the CPU path, unchanged: PyTorch's choice with enable_gqa
+        return run_sdpa(CPU_PLAN, q, k, v, mask, is_causal)
+    head_dim = q.shape[3]
+    plan = sdpa_plan("cuda", mask is not None, q.shape[2] != k.shape[2], flash_supported(q.device, q.dtype, head_dim),
+                     fused_ok=head_dim % 8 == 0 and head_dim <= 256)
+    return run_sdpa(plan, q, k, v, mask, is_causal)
+
+
+CPU_PLAN = sdpa_plan("cpu", has_mask=False, is_gqa=False)
 
 
 class CausalAttention:

@@ -58,21 +58,27 @@ def test_vectorized_input_preparation_changes_no_token() -> None:
 def eager_tokens() -> list[list[int]]:
     if not CUDA:
         pytest.skip("needs a CUDA GPU")
-    return _tokens(LLM("labkit-tiny", engine="chunked", device="cuda", dtype="float32"))
+    return _tokens(LLM("labkit-tiny", engine="chunked", device="cuda", dtype="float32", enforce_eager=True))
 
 
 @pytest.mark.parametrize("options", [
+    {},  # graphs are the default on CUDA
     {"enforce_eager": False},
     {"enforce_eager": False, "cuda_graph_sizes": (1, 4)},  # batches of 5 fall outside every bucket: run eagerly
-    {"async_scheduling": True},
-    {"async_scheduling": True, "enforce_eager": False},  # graphs replayed from the async worker thread
-], ids=["cuda-graphs", "few-buckets", "async", "async-cuda-graphs"])
+    {"async_scheduling": True, "enforce_eager": True},
+    {"async_scheduling": True},  # graphs replayed from the async worker thread
+], ids=["default", "cuda-graphs", "few-buckets", "async", "async-cuda-graphs"])
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_options_keep_greedy_tokens(options: dict, eager_tokens: list[list[int]]) -> None:
     llm = LLM("labkit-tiny", engine="chunked", device="cuda", dtype="float32", **options)
+    graphs = llm.engine.runner.graphs
+    captured = graphs.num_captures if graphs is not None else 0
     assert _tokens(llm) == eager_tokens
     assert _tokens(llm) == eager_tokens  # a second run replays the captured graphs
+    if graphs is not None:
+        assert graphs.num_captures == captured and graphs.num_runs > 0  # all captured at start, none mid-run
+    llm.close()
 
 
 @pytest.mark.cuda
@@ -89,3 +95,4 @@ def test_cuda_graphs_are_replayed_in_decode_steps(tmp_path) -> None:  # type: ig
 
     assert graph_launches(enforce_eager=True) == 0
     assert graph_launches(enforce_eager=False) > 0
+    assert graph_launches() > 0  # the default on CUDA

@@ -7,7 +7,15 @@ import httpx
 import pytest
 from pluggable_parts import CountingAttention, CountingBlockManager, CountingScheduler, CountingStaticScheduler
 
-from labkit import ATTENTION_BACKENDS, LLM, BlockManager, ContiguousKVCache, SamplingParams, Scheduler
+from labkit import (
+    ATTENTION_BACKENDS,
+    LLM,
+    BlockManager,
+    ContiguousKVCache,
+    RequestFailedError,
+    SamplingParams,
+    Scheduler,
+)
 from labkit.serving import ServerThread
 from labkit.serving.cli import make_async_llm, parse_args
 
@@ -105,3 +113,17 @@ def test_a_server_runs_the_learners_scheduler(reference_tokens: list[list[int]])
         text = reply.json()["choices"][0]["text"]
     want = LLM(engine="naive", device="cpu").tokenizer.decode(reference_tokens[0])
     assert text == want
+
+
+class NeverAdmits(Scheduler):
+    def schedule_waiting(self, out, budget, now):  # type: ignore[no-untyped-def]  # a learner's bug
+        return None
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_scheduler_that_never_admits_fails_the_requests_instead_of_hanging(async_scheduling: bool) -> None:
+    llm = LLM(engine="continuous", device="cpu", scheduler_cls=NeverAdmits, async_scheduling=async_scheduling)
+    with pytest.raises(RequestFailedError, match="NeverAdmits scheduled nothing while 3 request"):
+        llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.block_manager.num_used_blocks == 0

@@ -1,0 +1,274 @@
+"""The GPU plan in one command: what an instructor (or a session lent a GPU) runs to check the GPU track.
+
+    .venv/bin/python scripts/gpu_check.py                               # on a CUDA machine: the whole plan
+    .venv/bin/python scripts/gpu_check.py --dry-run --out /tmp/gpu_dry  # the same plan on the CPU at tiny sizes
+
+It runs, in order: the hardware probe (``labkit.analysis.hardware``: the roof notebook 00 measures), the CUDA tests
+(``pytest -m cuda``), every notebook in GPU mode at smoke sizes (nbval, a few at a time), decode bandwidth use (MBU)
+of a ~1B preset in bfloat16 at batch 1 and 64 (eager and with CUDA graphs, for each ``--attention-backend``), and
+async scheduling + CUDA graphs repeated (a stability check: the same tokens every run). It writes one JSON and one
+Markdown report, both naming the hardware, to ``docs/benchmarks/gpu/`` (or ``--out DIR``). Design goal: under 8
+minutes on one H100/H200-class GPU. ``--dry-run`` runs the same plan on the CPU with a small preset, 1-2 decode
+steps and one notebook, skipping what needs CUDA with the reason recorded (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
+from labkit import ATTENTION_BACKENDS, LLM, SamplingParams  # noqa: E402
+from labkit.analysis.hardware import DeviceRoof, describe_device, probe  # noqa: E402
+from labkit.analysis.roofline import decode_cost  # noqa: E402
+
+NOTEBOOKS = tuple(sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LABKIT_SMOKE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each part of the check is: the GPU plan, or its CPU dry run."""
+
+    device: str
+    dtype: str
+    preset: str  # the MBU model (random weights)
+    batches: tuple[int, ...]
+    prompt_len: int
+    decode_steps: int
+    repeats: int
+    stability_model: str
+    stability_runs: int
+    stability_batch: int
+    notebooks: tuple[str, ...]
+    notebook_workers: int  # notebooks run side by side (each its own pytest process)
+    timeout_s: int  # per subprocess
+
+
+GPU = Plan("cuda", "bfloat16", "llama3.2-1b", (1, 64), 128, 32, 3, "llama3.2-1b", 5, 64, NOTEBOOKS, 4, 420)
+DRY = Plan("cpu", "float32", "smollm2-135m", (1, 2), 8, 2, 1, "labkit-tiny", 2, 4, NOTEBOOKS[:1], 1, 240)
+
+
+class Skipped(Exception):
+    """A part of the plan that cannot run here; the reason goes into the report."""
+
+
+@dataclass
+class Check:
+    name: str
+    status: str = "passed"  # passed, failed or skipped
+    reason: str = ""
+    seconds: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+
+def run_check(name: str, fn: Callable[[], dict]) -> Check:
+    print(f"== {name}", flush=True)
+    check, start = Check(name), time.perf_counter()
+    try:
+        check.detail = fn()
+        check.status = check.detail.pop("status", "passed")
+    except Skipped as why:
+        check.status, check.reason = "skipped", str(why)
+    except Exception as exc:  # noqa: BLE001  a failed part is recorded; the rest of the plan still runs
+        check.status, check.reason = "failed", f"{type(exc).__name__}: {exc}"
+    check.seconds = time.perf_counter() - start
+    print(f"   {check.status} in {check.seconds:.1f} s {check.reason}", flush=True)
+    return check
+
+
+def pytest_run(args: list[str], timeout: int) -> dict:
+    """Run pytest in a subprocess (smoke mode, offline); its outcome, time and summary line."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                              env=ENV, capture_output=True, text=True, timeout=timeout)
+        out, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, rc = f"{exc.stdout or ''}\ntimed out after {timeout} s", -1
+    lines = [ln for ln in str(out).splitlines() if ln.strip()]
+    return {"status": "passed" if rc == 0 else "failed", "returncode": rc,
+            "seconds": round(time.perf_counter() - start, 1), "summary": lines[-1] if lines else "",
+            "tail": "" if rc == 0 else "\n".join(lines[-40:])}
+
+
+def check_cuda_tests(plan: Plan) -> dict:
+    if plan.device != "cuda":
+        raise Skipped("needs a CUDA GPU: `pytest -m cuda` runs the CUDA tests on the GPU machine")
+    return pytest_run(["-m", "cuda", "tests"], plan.timeout_s)
+
+
+def check_notebooks(plan: Plan) -> dict:
+    """Each notebook under nbval in smoke mode, on whatever device="auto" finds (the GPU, on a GPU machine)."""
+    with ThreadPoolExecutor(plan.notebook_workers) as pool:
+        runs = dict(zip(plan.notebooks, pool.map(lambda nb: pytest_run([f"notebooks/{nb}"], plan.timeout_s),
+                                                  plan.notebooks)))
+    failed = [nb for nb, r in runs.items() if r["status"] != "passed"]
+    return {"status": "failed" if failed else "passed", "notebooks": runs, "failed": failed,
+            "not_run": [nb for nb in NOTEBOOKS if nb not in runs]}
+
+
+def decode_mbu(plan: Plan, roof: DeviceRoof, graphs: bool, backend: str) -> list[dict]:
+    """Decode steps of each batch size on the preset (one engine): median forward and whole-step time, bytes, MBU."""
+    context, batch_max = plan.prompt_len + plan.decode_steps + 8, max(plan.batches)
+    rng, rows = random.Random(0), []
+    with LLM(plan.preset, engine="chunked", device=plan.device, dtype=plan.dtype, max_num_seqs=batch_max,
+             max_model_len=context, max_num_batched_tokens=max(512, batch_max * plan.prompt_len),
+             num_gpu_blocks=batch_max * -(-context // 16) + 1, enforce_eager=not graphs,
+             attention_backend=backend) as llm:
+        prompts = [[rng.randrange(3, llm.model_config.vocab_size) for _ in range(plan.prompt_len)]
+                   for _ in range(batch_max)]
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        for batch in plan.batches:
+            forward, whole = [], []
+            for _ in range(plan.repeats):
+                first = len(llm.engine.step_stats)
+                llm.generate(prompts[:batch], SamplingParams(max_tokens=plan.decode_steps + 1, temperature=0.0,
+                                                             ignore_eos=True), use_tqdm=False)
+                decode = [s for s in llm.engine.step_stats[first:] if not s.is_prefill]
+                forward += [s.stage_times["forward"] for s in decode]
+                whole += [s.duration for s in decode]
+            cost = decode_cost(llm.model_config, batch, plan.prompt_len + plan.decode_steps // 2, llm.dtype.itemsize)
+            f, w = statistics.median(forward), statistics.median(whole)
+            rows.append({"batch": batch, "graphs": graphs, "attention_backend": "(graph decode)" if graphs else backend,
+                         "forward_ms": f * 1e3, "step_ms": w * 1e3, "bytes_per_step": cost.total_bytes,
+                         "mbu_forward": cost.total_bytes / f / roof.memory_bandwidth,
+                         "mbu_step": cost.total_bytes / w / roof.memory_bandwidth})
+    return rows
+
+
+def check_mbu(plan: Plan, roof: DeviceRoof, backends: list[str]) -> dict:
+    rows, skipped = [], []
+    for backend in backends:
+        rows += decode_mbu(plan, roof, False, backend)
+    if plan.device == "cuda":  # graphs replace the attention backend in decode steps: measured once
+        rows += decode_mbu(plan, roof, True, backends[0])
+    else:
+        skipped.append("CUDA graphs: they need CUDA")
+    rows.sort(key=lambda r: (r["batch"], r["graphs"]))
+    return {"preset": plan.preset, "dtype": plan.dtype, "prompt_len": plan.prompt_len,
+            "decode_steps": plan.decode_steps, "roof_bandwidth": roof.memory_bandwidth, "rows": rows,
+            "skipped": skipped}
+
+
+def check_stability(plan: Plan) -> dict:
+    """Async scheduling (+ CUDA graphs on a GPU) several times over: every run must give the synchronous tokens."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 2000) for _ in range(rng.randint(4, 48))] for _ in range(plan.stability_batch)]
+    params = SamplingParams(max_tokens=2 * plan.decode_steps, temperature=0.0, ignore_eos=True)
+    max_len = 48 + params.max_tokens + 8  # a pool of fixed size: what the run needs, whatever the device's memory
+    options = dict(engine="chunked", device=plan.device, dtype=plan.dtype, max_num_seqs=plan.stability_batch,
+                   max_model_len=max_len, num_gpu_blocks=plan.stability_batch * -(-max_len // 16) + 1)
+    with LLM(plan.stability_model, **options) as llm:
+        reference = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    runs = []
+    with LLM(plan.stability_model, async_scheduling=True, **options) as llm:
+        graphs = llm.engine.runner.graphs
+        captured = graphs.num_captures if graphs is not None else 0
+        for _ in range(plan.stability_runs):
+            start = time.perf_counter()
+            tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            runs.append({"seconds": time.perf_counter() - start, "same_tokens": tokens == reference})
+        late = (graphs.num_captures - captured) if graphs is not None else 0
+    ok = all(r["same_tokens"] for r in runs) and late == 0
+    return {"status": "passed" if ok else "failed", "model": plan.stability_model, "graphs": graphs is not None,
+            "runs": runs, "captures_after_start": late}
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+def markdown(report: dict) -> str:
+    hw, checks = report["hardware"], report["checks"]
+    lines = [f"# GPU check: {hw['name']}", "", f"Generated by `scripts/gpu_check.py` on {report['date']} in "
+             f"{report['seconds']:.0f} s{' (dry run on the CPU: tiny sizes, no CUDA)' if report['dry_run'] else ''}.",
+             "", "```", report["command"], "```", "", "## Hardware", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in hw.items()] + ["", "## Checks", "", "| check | status | seconds | note |",
+                                                           "|---|---|---:|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {c['seconds']:.1f} | {c['reason']} |" for c in checks]
+    by_name = {c["name"]: c["detail"] for c in checks}
+    if by_name.get("notebooks", {}).get("notebooks"):
+        lines += ["", "## Notebooks (smoke sizes)", "", "| notebook | status | seconds | summary |",
+                  "|---|---|---:|---|"]
+        lines += [f"| {nb} | {r['status']} | {r['seconds']} | {r['summary']} |"
+                  for nb, r in by_name["notebooks"]["notebooks"].items()]
+    mbu = by_name.get("decode MBU", {})
+    if mbu.get("rows"):
+        lines += ["", f"## Decode MBU: {mbu['preset']} in {mbu['dtype']}", "",
+                  f"Prompt {mbu['prompt_len']} tokens, {mbu['decode_steps']} decode steps, median step; bytes from "
+                  f"`labkit.analysis.roofline.decode_cost`; MBU against the measured roof "
+                  f"({mbu['roof_bandwidth'] / 1e9:.0f} GB/s).", "",
+                  "| batch | CUDA graphs | attention | forward ms | step ms | MBU (forward) | MBU (whole step) |",
+                  "|---:|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['batch']} | {'yes' if r['graphs'] else 'no'} | {r['attention_backend']} | "
+                  f"{r['forward_ms']:.2f} | {r['step_ms']:.2f} | {r['mbu_forward']:.1%} | {r['mbu_step']:.1%} |"
+                  for r in mbu["rows"]]
+        lines += [f"\nNot measured here: {s}." for s in mbu["skipped"]]
+    stable = by_name.get("async + graphs stability", {})
+    if stable.get("runs"):
+        lines += ["", f"## Stability: async scheduling{' + CUDA graphs' if stable['graphs'] else ''} "
+                  f"({stable['model']})", "", "| run | seconds | same tokens as synchronous |", "|---:|---:|---|"]
+        lines += [f"| {i} | {r['seconds']:.2f} | {'yes' if r['same_tokens'] else 'NO'} |"
+                  for i, r in enumerate(stable["runs"], 1)]
+        lines += ["", f"Graphs captured after start-up: {stable['captures_after_start']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="the same plan on the CPU at tiny sizes (CI)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu", help="report folder")
+    parser.add_argument("--attention-backend", nargs="+", default=list(ATTENTION_BACKENDS),
+                        help=f"backends to measure decode MBU with (default: all, {', '.join(ATTENTION_BACKENDS)})")
+    parser.add_argument("--notebooks", nargs="*", default=None, help="notebook file names (default: the plan's)")
+    parser.add_argument("--notebook-workers", type=int, default=None, help="notebooks run side by side (GPU: 4)")
+    args = parser.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        parser.error("no CUDA GPU here: run on a CUDA machine, or pass --dry-run")
+    plan = DRY if args.dry_run else GPU
+    if args.notebooks is not None:
+        plan = Plan(**{**asdict(plan), "notebooks": tuple(args.notebooks)})
+    if args.notebook_workers is not None:
+        plan = Plan(**{**asdict(plan), "notebook_workers": args.notebook_workers})
+    start, device = time.perf_counter(), torch.device(plan.device)
+    roofs: list[DeviceRoof] = []
+
+    def hardware() -> dict:
+        roofs.append(probe(device, plan.dtype, smoke=args.dry_run))
+        return asdict(roofs[0])
+
+    checks = [run_check("hardware probe", hardware), run_check("CUDA tests", lambda: check_cuda_tests(plan)),
+              run_check("notebooks", lambda: check_notebooks(plan))]
+    if roofs:
+        checks.append(run_check("decode MBU", lambda: check_mbu(plan, roofs[0], args.attention_backend)))
+    checks.append(run_check("async + graphs stability", lambda: check_stability(plan)))
+    report = {"dry_run": args.dry_run, "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "command": " ".join([".venv/bin/python", "scripts/gpu_check.py", *(argv or sys.argv[1:])]),
+              "seconds": time.perf_counter() - start, "hardware": describe_device(device), "plan": asdict(plan),
+              "checks": [asdict(c) for c in checks]}
+    stem = "dry-run" if args.dry_run else slug(report["hardware"]["name"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (args.out / f"{stem}.md").write_text(markdown(report), encoding="utf-8")
+    print(f"wrote {args.out / stem}.json and .md in {report['seconds']:.0f} s")
+    return 1 if any(c.status == "failed" for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
