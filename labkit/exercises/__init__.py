@@ -19,13 +19,22 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from labkit.exercises.tasks import TASKS, Task
 
-__all__ = ["TASKS", "Check", "CheckResult", "Task", "run_checker", "use_or_reference"]
+__all__ = ["TASKS", "Check", "CheckResult", "Task", "run_checker", "use_or_reference", "where_in_learner_code"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+LABKIT_DIR = Path(__file__).resolve().parents[1]
+
+
+def where_in_learner_code(exc: BaseException) -> str:
+    """' (in your next_token, line N)': the innermost frame of ``exc`` outside labkit (the learner's code)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not Path(f.filename).resolve().is_relative_to(LABKIT_DIR)]
+    return f" (in your {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
 
 
 @dataclass

@@ -13,12 +13,10 @@ from __future__ import annotations
 import functools
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from labkit.exercises import where_in_learner_code
 from labkit.sequence import Sequence
-
-LABKIT_DIR = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -95,13 +93,6 @@ class RunRecord:
         if record.ran:
             return ", ".join(f"{name}: {n} token{'s' * (n != 1)}" for name, n in record.ran.items())
         return ", ".join(record.scheduled) or "nothing yet: it failed while scheduling"
-
-
-def where_in_learner_code(exc: BaseException) -> str:
-    """' (in your allocate, line N)' for the innermost frame outside labkit, if any."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not Path(f.filename).resolve().is_relative_to(LABKIT_DIR)]
-    return f" (in your {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
 
 
 def first_shared_write(bm: Any, batch: list[Sequence], names: dict[int, str], step: int) -> str | None:

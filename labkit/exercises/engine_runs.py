@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from labkit.exercises import Check
+from labkit.exercises import Check, where_in_learner_code
 from labkit.exercises.oracle import first_difference, transformers_greedy
 from labkit.sampling_params import SamplingParams
-
-LABKIT_DIR = Path(__file__).resolve().parents[1]
 
 
 class Mistake(Exception):
@@ -95,13 +91,6 @@ class Run:
     running: list[str] = field(default_factory=list)  # the requests of the step that raised
     stalled: str | None = None
     eos_token_ids: frozenset[int] = frozenset()
-
-
-def where_in_learner_code(exc: BaseException) -> str:
-    """' (in your next_token, line N)' for the innermost frame outside labkit, if any."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not Path(f.filename).resolve().is_relative_to(LABKIT_DIR)]
-    return f" (in your {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
 
 
 def make_llm(engine: Any, model: str, **options: Any) -> Any:
