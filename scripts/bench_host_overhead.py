@@ -76,9 +76,10 @@ SMOKE = Sizes(batches=(1, 4), prompt_len=8, max_tokens=6, rounds=1, hf_tokens=(2
 
 def configurations(device: torch.device) -> dict[str, dict[str, object]]:
     """The host-side options this device can run, by label."""
-    configs: dict[str, dict[str, object]] = {"loop": {"prepare_inputs": "loop"},
-                                             "vectorized": {"prepare_inputs": "vectorized"},
-                                             ASYNC: {"async_scheduling": True}}
+    # Eager unless the label says CUDA graphs (graphs are the default on CUDA).
+    configs: dict[str, dict[str, object]] = {"loop": {"prepare_inputs": "loop", "enforce_eager": True},
+                                             "vectorized": {"prepare_inputs": "vectorized", "enforce_eager": True},
+                                             ASYNC: {"async_scheduling": True, "enforce_eager": True}}
     if device.type == "cuda":
         configs["vectorized + CUDA graphs"] = {"enforce_eager": False}
         configs["async + CUDA graphs"] = {"async_scheduling": True, "enforce_eager": False}

@@ -14,11 +14,12 @@ used first). Introduced in notebook 06 (``06_paged_attention``).
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.cache.free_blocks import FreeBlockQueue, LazyBlocks
 from labkit.sequence import Sequence
 
 
@@ -56,8 +57,8 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_block_ids: deque[int] = deque(range(num_blocks))  # free and holding nothing reusable
+        self.blocks: LazyBlocks[Block] = LazyBlocks(num_blocks, Block)  # made as blocks are first used
+        self.free_block_ids = FreeBlockQueue(num_blocks)  # free and holding nothing reusable
         self.evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, least recently used first
         self.hash_to_block_id: dict[int, int] = {}
         # prefix-cache statistics

@@ -13,57 +13,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
 from labkit.attention import resolve_attention_backend
-from labkit.cache.paged import PagedKVPool, kv_block_bytes
+from labkit.cache.paged import PagedKVPool
 from labkit.engine.base import Engine
 from labkit.engine.config import EngineConfig, PagedConfig
+from labkit.engine.kv_sizing import pool_num_blocks
 from labkit.engine.model_runner import ModelRunner
 from labkit.engine.sched.scheduler import Scheduler
 from labkit.engine.step import StageClock
 from labkit.model import CausalLM
 from labkit.sequence import Sequence
-
-CPU_KV_BUDGET = 1 << 30  # bytes: the CPU default when neither num_gpu_blocks nor kv_cache_memory is given
-
-
-def pool_num_blocks(model: CausalLM, config: PagedConfig) -> int:
-    """How many KV blocks fit the configured budget. A pool larger than the device's memory is refused here,
-    with the option and the limit, rather than by the allocator."""
-    import os  # (here, not at the top: this function is the part of the module that sizes memory)
-
-    block_bytes = kv_block_bytes(model.config, config.block_size, model.dtype)
-    if model.device.type == "cuda":
-        device_bytes = torch.cuda.mem_get_info(model.device)[0]  # free: the pool must fit beside the weights
-    else:
-        try:
-            device_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):  # no sysconf (Windows): let the allocator decide
-            device_bytes = None
-    if config.num_gpu_blocks is not None:
-        option, num_blocks = "num_gpu_blocks", config.num_gpu_blocks
-    else:
-        if config.kv_cache_memory is not None:
-            budget = config.kv_cache_memory
-        elif model.device.type == "cuda":
-            assert device_bytes is not None
-            budget = int(device_bytes * config.gpu_memory_utilization)
-        else:  # enough for every slot at full length, within a modest CPU budget
-            assert config.max_model_len is not None
-            budget = min(CPU_KV_BUDGET, config.max_num_seqs * config.max_model_len * block_bytes // config.block_size)
-        option, num_blocks = "kv_cache_memory", budget // block_bytes
-        if num_blocks < 1:
-            raise ValueError(f"a KV budget of {budget} bytes holds no block ({block_bytes} bytes each at "
-                             f"block_size {config.block_size}); raise kv_cache_memory or num_gpu_blocks")
-    if device_bytes is not None and num_blocks * block_bytes > device_bytes:
-        memory = "free memory" if model.device.type == "cuda" else "memory"
-        raise ValueError(
-            f"{option}={getattr(config, option)} asks for a KV pool of {num_blocks} blocks x {block_bytes} bytes "
-            f"(block_size {config.block_size}) = {num_blocks * block_bytes / 2**30:.1f} GiB, more than this "
-            f"{model.device.type} device's {device_bytes / 2**30:.1f} GiB of {memory}; at most "
-            f"{device_bytes // block_bytes} blocks fit: lower {option}")
-    return num_blocks
 
 
 class EngineCore(Engine):
@@ -81,7 +40,7 @@ class EngineCore(Engine):
         if self.config.async_scheduling and not self.supports_async_scheduling:
             raise ValueError(f"async_scheduling=True needs an iteration-level scheduler: use engine 'continuous' or "
                              f"'chunked' (engine {self.name!r} runs static batches)")
-        self.num_blocks = pool_num_blocks(model, self.config)
+        self.num_blocks = pool_num_blocks(model, self.config, self.max_num_batched_tokens)
         # One block more than the manager hands out: the scratch block padded CUDA-graph rows write to.
         self.pool = PagedKVPool(model.config, self.num_blocks + 1, self.config.block_size, model.device, model.dtype)
         self.block_manager = self.config.block_manager_cls(self.num_blocks, self.config.block_size,
