@@ -35,8 +35,12 @@ class LazyBlocks(Generic[T]):
             item = self._made[block_id] = self._make(block_id)
         return item
 
-    def __iter__(self) -> Iterator[T]:  # every block (debug checks, small pools): makes them all
+    def __iter__(self) -> Iterator[T]:  # every block: makes them all (small pools; debug checks use ``made``)
         return (self[i] for i in range(self._num_blocks))
+
+    def made(self) -> list[T]:
+        """The records made so far; every other block was never handed out."""
+        return list(self._made.values())
 
     @property
     def num_made(self) -> int:
@@ -71,6 +75,15 @@ class FreeBlockQueue:
             raise IndexError("free list index out of range")
         fresh = self._num_blocks - self._next_fresh
         return self._next_fresh + i if i < fresh else self._returned[i - fresh]
+
+    @property
+    def first_fresh(self) -> int:
+        """Every id from here up was never handed out (and is free)."""
+        return self._next_fresh
+
+    def returned(self) -> list[int]:
+        """The ids given back, in the order they will be reused."""
+        return list(self._returned)
 
     def popleft(self) -> int:
         if self._next_fresh < self._num_blocks:

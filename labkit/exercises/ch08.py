@@ -15,15 +15,9 @@ from __future__ import annotations
 
 from labkit.engine.sched.scheduler import Scheduler
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.exercises.scheduling import (
-    StepPlan,
-    TrialRequest,
-    TrialSetup,
-    check_run,
-    require_scheduler,
-    run_trial,
-    show,
-)
+from labkit.exercises.scheduling import TrialRequest, TrialSetup, run_trial
+from labkit.exercises.trial_checks import check_run, require_scheduler, show
+from labkit.exercises.trial_records import StepPlan
 
 # Three short requests decoding when a 100-token prompt arrives (step 3), and one more short one behind it
 # (step 4): with a 32-token budget the long prompt is split over four steps while the decodes go on.

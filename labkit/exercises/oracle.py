@@ -30,8 +30,10 @@ def _hf_model(path: str):  # type: ignore[no-untyped-def]
 def _greedy(path: str, prompt_ids: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
     ids = torch.tensor([prompt_ids])
     with torch.inference_mode():
+        # eos_token_id=[]: EOS neither ends the row nor is masked out, as labkit's ignore_eos (min_new_tokens would
+        # forbid EOS and change the greedy token wherever EOS is the argmax)
         out = _hf_model(path).generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                       max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=0)
+                                       max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0)
     return tuple(out[0, len(prompt_ids):].tolist())
 
 

@@ -16,22 +16,24 @@ from labkit.exercises.scheduling import reference_trial, run_trial
 
 
 def admit(self: Scheduler, out: SchedulerOutput, budget: int, now: float, *, fcfs: bool = True, slots: bool = True,
-          spend: bool = True, blocks: bool = True, once: bool = False) -> None:
+          spend: bool = True, blocks: bool = True, once: bool = False, chunks: bool = True) -> None:
     """A learner's admission loop; each keyword turns one part of the rule off (a planted bug)."""
     bm = self.block_manager
     i = 0
     while i < len(self.waiting) and (not slots or len(self.running) < self.max_num_seqs) and budget > 0:
         seq = self.waiting[i]
         num_new = seq.num_tokens
-        if num_new > budget or (blocks and not bm.can_allocate(seq, num_new)):
+        # chunks=False: whole prompts only, the continuous engine's rule written out (no chunk in engine chunked)
+        n = self.num_tokens_to_schedule(num_new, budget) if chunks else (num_new if num_new <= budget else 0)
+        if n == 0 or (blocks and not bm.can_allocate(seq, n)):
             if fcfs:
                 break
             i += 1  # skip it: a later, smaller request jumps the queue
             continue
         del self.waiting[i]
-        self.admit(seq, num_new, bm.allocate(seq, num_new), out, now)
+        self.admit(seq, n, bm.allocate(seq, n), out, now)
         if spend:
-            budget -= num_new
+            budget -= n
         if once:
             break
 
@@ -66,6 +68,11 @@ class AdmitsOnePerStep(Scheduler):
         admit(self, out, budget, now, once=True)
 
 
+class WholePromptsOnly(Scheduler):
+    def schedule_waiting(self, out, budget, now):  # type: ignore[no-untyped-def]
+        admit(self, out, budget, now, chunks=False)
+
+
 class NeverAdmits(Scheduler):
     def schedule_waiting(self, out, budget, now):  # type: ignore[no-untyped-def]
         pass  # without the check's step limit and stall detection, generate() would spin forever
@@ -96,6 +103,8 @@ def test_ch07_checker_passes_labkits_rule(cls: type[Scheduler]) -> None:
     (IgnoresKVBlocks, "ran the pool out of blocks"),
     (AdmitsOnePerStep, "step 0: R1 (20 tokens, 3 KV blocks) was left waiting although it fit"),
     (NeverAdmits, "step 0: R0 (24 tokens, 3 KV blocks) was left waiting although it fit"),
+    (WholePromptsOnly, "engine chunked, step 0: R1 (20 tokens to compute) was left waiting although a 8-token chunk "
+                       "of it (1 KV blocks) fit"),
 ], ids=lambda v: v.__name__ if isinstance(v, type) else "")
 def test_ch07_checker_fails_planted_bugs(bug: type[Scheduler], message: str) -> None:
     result = check_schedule_waiting(bug)
