@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import inspect
 import json
 import re
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.exercises.tasks import TASKS
+from labkit.exercises.tasks import TASKS, resolve
 from labkit.exercises.tasks import Task as RegistryTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,17 +68,11 @@ class Task:
 
 
 def resolve_dotted(name: str) -> Any:
-    """``labkit.a.b.C.f`` -> the object: import the longest module prefix, then getattr the rest."""
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise AnswerKeyError(f"cannot import {name!r}")
+    """``labkit.a.b.C.f`` -> the object (``labkit.exercises.tasks.resolve``), as an AnswerKeyError if it is missing."""
+    try:
+        return resolve(name)
+    except ImportError as exc:
+        raise AnswerKeyError(str(exc)) from exc
 
 
 def notebook_imports(cells: list[str]) -> dict[str, str]:

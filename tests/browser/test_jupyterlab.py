@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
@@ -84,11 +85,9 @@ PLANTED = [
 ]
 
 
-@pytest.fixture
-def planted_page(lab: Lab, browser: Browser) -> Iterator[NotebookPage]:
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in PLANTED])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    name = "zz_planted_failures.ipynb"  # written to the served copy only
+@contextmanager
+def served_page(lab: Lab, browser: Browser, name: str, notebook: nbformat.NotebookNode) -> Iterator[NotebookPage]:
+    """``notebook`` written to the served copy only, as ``name``, open in a page of its own."""
     nbformat.write(notebook, lab.root_dir / name)
     page = NotebookPage(browser, lab, name)
     try:
@@ -96,6 +95,14 @@ def planted_page(lab: Lab, browser: Browser) -> Iterator[NotebookPage]:
     finally:
         page.close()
         lab.shut_down_kernels(name)
+
+
+@pytest.fixture
+def planted_page(lab: Lab, browser: Browser) -> Iterator[NotebookPage]:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in PLANTED])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    with served_page(lab, browser, "zz_planted_failures.ipynb", notebook) as page:
+        yield page
 
 
 def test_checks_catch_planted_failures(planted_page: NotebookPage) -> None:
@@ -133,14 +140,8 @@ def wrong_task_page(lab: Lab, browser: Browser) -> Iterator[NotebookPage]:
              and "NotImplementedError" in c.source]
     assert len(stubs) == 1, f"{WRONG_TASK_NOTEBOOK}: expected one write_kv stub cell, found {len(stubs)}"
     stubs[0].source = WRONG_WRITE_KV
-    name = "zz_wrong_task.ipynb"  # written to the served copy only
-    nbformat.write(notebook, lab.root_dir / name)
-    page = NotebookPage(browser, lab, name)
-    try:
+    with served_page(lab, browser, "zz_wrong_task.ipynb", notebook) as page:
         yield page
-    finally:
-        page.close()
-        lab.shut_down_kernels(name)
 
 
 def test_a_wrong_task_runs_to_the_end_says_why_and_uses_the_reference(wrong_task_page: NotebookPage) -> None:
