@@ -21,7 +21,8 @@ import pytest
 from playwright.sync_api import Browser
 
 from .browser_services import NOTEBOOKS_DIR, SCREENSHOTS_DIR, Lab, default_tabs
-from .jupyterlab_page import NotebookPage, find_problems
+from .jupyterlab_page import NotebookPage
+from .notebook_problems import find_problems
 from .workbook_runner import BrowserReport, NotebookResult, run_workbook
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))

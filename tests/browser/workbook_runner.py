@@ -18,7 +18,8 @@ from pathlib import Path
 from playwright.sync_api import Browser
 
 from .browser_services import Lab, default_tabs
-from .jupyterlab_page import RUN_TIMEOUT_S, NotebookPage, WidgetMove, find_problems
+from .jupyterlab_page import RUN_TIMEOUT_S, NotebookPage, WidgetMove
+from .notebook_problems import find_problems
 
 POLL_S = 0.5
 

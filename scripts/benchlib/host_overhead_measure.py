@@ -1,0 +1,139 @@
+"""bench_host_overhead's sizes, configurations and measurements."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from labkit import LLM, SamplingParams
+from labkit.analysis.hardware import DeviceRoof
+from labkit.analysis.roofline import decode_cost, mbu
+from labkit.device import synchronize
+from labkit.profiling import profile_engine
+from labkit.workbook.workloads import prompt_ids_of_length
+
+HOST_STAGES = ("schedule", "prepare", "sample", "detokenize")  # the StageClock stages outside the forward pass
+ASYNC = "vectorized + async"  # async scheduling: steps overlap, so it is measured by its step period, untraced
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each part does; --smoke shrinks everything."""
+
+    batches: tuple[int, ...]
+    prompt_len: int
+    max_tokens: int  # tokens each request decodes (the decode steps measured)
+    rounds: int
+    hf_tokens: tuple[int, int]  # N1, N2 for transformers' per-step time
+    mbu_context: int
+    mbu_tokens: int
+
+
+FULL = Sizes(batches=(1, 32), prompt_len=16, max_tokens=48, rounds=5, hf_tokens=(8, 56), mbu_context=512,
+             mbu_tokens=32)
+SMOKE = Sizes(batches=(1, 4), prompt_len=8, max_tokens=6, rounds=1, hf_tokens=(2, 6), mbu_context=32, mbu_tokens=4)
+
+
+def configurations(device: torch.device) -> dict[str, dict[str, object]]:
+    """The host-side options this device can run, by label."""
+    # Eager unless the label says CUDA graphs (graphs are the default on CUDA).
+    configs: dict[str, dict[str, object]] = {"loop": {"prepare_inputs": "loop", "enforce_eager": True},
+                                             "vectorized": {"prepare_inputs": "vectorized", "enforce_eager": True},
+                                             ASYNC: {"async_scheduling": True, "enforce_eager": True}}
+    if device.type == "cuda":
+        configs["vectorized + CUDA graphs"] = {"enforce_eager": False}
+        configs["async + CUDA graphs"] = {"async_scheduling": True, "enforce_eager": False}
+    return configs
+
+
+def is_async(label: str) -> bool:
+    return "async" in label
+
+
+@dataclass
+class Samples:
+    """Per-decode-step samples of one (configuration, batch) cell, pooled over rounds. Seconds."""
+
+    step: list[float] = field(default_factory=list)  # untraced step time
+    period: list[float] = field(default_factory=list)  # untraced, from one step's end to the next's
+    host_stages: list[float] = field(default_factory=list)  # untraced schedule+prepare+sample+detokenize
+    traced_step: list[float] = field(default_factory=list)
+    traced_host: list[float] = field(default_factory=list)  # device idle inside the traced step
+
+    def median(self, name: str) -> float:
+        return statistics.median(getattr(self, name))
+
+    @property
+    def host_share(self) -> float:
+        return statistics.median(h / s for h, s in zip(self.traced_host, self.traced_step))
+
+
+def measure_engine(llm: LLM, prompts: list[list[int]], params: SamplingParams, cell: Samples, logdir: Path) -> None:
+    """One untraced and one traced run of the same requests; decode steps only. An async engine is not traced
+    (``profile_engine`` refuses it: its forward pass runs on a worker thread); only its step period counts."""
+    first = len(llm.engine.step_stats)
+    llm.generate(prompts, params, use_tqdm=False)
+    steps = llm.engine.step_stats[first:]
+    for prev, st in zip([None, *steps], steps):
+        if not st.is_prefill:
+            cell.step.append(st.duration)
+            cell.host_stages.append(sum(st.stage_times.get(k, 0.0) for k in HOST_STAGES))
+            if prev is not None:
+                cell.period.append(st.end - prev.end)
+    if llm.engine.async_scheduling:
+        return
+    prof = profile_engine(llm, prompts, params, logdir=logdir, warmup=False)
+    prof.trace_path.unlink()  # traces are tens of MB at batch 32; the analysis is all we keep
+    analysis = prof.analyze()
+    for step, st in zip(analysis.steps, prof.step_stats, strict=True):
+        if not st.is_prefill:
+            cell.traced_step.append(step.duration / 1e6)
+            cell.traced_host.append(step.host_overhead / 1e6)
+
+
+@torch.inference_mode()
+def hf_per_step(model: torch.nn.Module, ids: torch.Tensor, tokens: tuple[int, int], rounds: int) -> float:
+    """transformers' generate: marginal seconds per decode step, (t(N2) - t(N1)) / (N2 - N1), median of rounds."""
+    def run(n: int) -> float:
+        synchronize(ids.device)
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                       min_new_tokens=n, pad_token_id=0)
+        synchronize(ids.device)
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up
+    n1, n2 = tokens
+    return statistics.median((run(n2) - run(n1)) / (n2 - n1) for _ in range(rounds))
+
+
+def measure_mbu(preset: str, device: torch.device, dtype: torch.dtype, configs: dict[str, dict[str, object]],
+                sizes: Sizes, roof: DeviceRoof) -> list[list[str]]:
+    """Decode MBU at batch 1 on ``preset`` for each configuration (median decode step, untraced)."""
+    rows = []
+    ids = None
+    for label, options in configs.items():
+        llm = LLM(preset, engine="chunked", device=device, dtype=dtype,
+                  max_model_len=sizes.mbu_context + sizes.mbu_tokens + 8, **options)  # type: ignore[arg-type]
+        ids = ids or prompt_ids_of_length(llm.tokenizer, sizes.mbu_context, seed=3)
+        params = SamplingParams(max_tokens=sizes.mbu_tokens, temperature=0.0, ignore_eos=True)
+        llm.generate([ids], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        steps: list[float] = []
+        for _ in range(sizes.rounds):
+            first = len(llm.engine.step_stats)
+            llm.generate([ids], params, use_tqdm=False)
+            run = llm.engine.step_stats[first:]
+            if is_async(label):  # overlapping steps: time from one step's end to the next's
+                steps += [st.end - prev.end for prev, st in zip(run, run[1:]) if not st.is_prefill]
+            else:
+                steps += [st.duration for st in run if not st.is_prefill]
+        step = statistics.median(steps)
+        cost = decode_cost(llm.model_config, 1, sizes.mbu_context + sizes.mbu_tokens // 2, llm.dtype.itemsize)
+        rows.append([label, f"{step * 1e3:.2f}", f"{cost.total_bytes / step / 1e9:.1f}",
+                     f"{mbu(cost, step, roof):.1%}"])
+        del llm
+    return rows

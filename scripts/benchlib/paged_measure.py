@@ -1,0 +1,216 @@
+"""bench_paged's sizes, records and measurements: the engine run, prefix caching and its cost."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from bench_common import wrap_timed
+from tqdm.auto import tqdm
+
+from labkit import LLM, SamplingParams
+from labkit.analysis.kv_memory import (
+    ContiguousLayout,
+    KVMemoryUsage,
+    Layout,
+    PagedLayout,
+    kv_memory_usage,
+    paged_blocks_per_step,
+)
+from labkit.cache.block_manager import BlockManager
+from labkit.metrics.stats import Percentiles
+from labkit.workbook.workloads import Workload, load_workload, materialise, prompt_ids_of_length, sampling_params_for
+
+MODEL = "labkit-tiny"
+BLOCK_SIZE = 16
+WASTE_WORKLOAD = "heterogeneous_64"
+MAX_MODEL_LEN = 2048
+WASTE_GOAL = 0.04
+TTFT_GOAL = 3.0
+COST_GOAL = 0.01
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each part does; --smoke shrinks the engine runs (the accounting is always full size)."""
+
+    run_workload: str  # for the engine run at equal budget
+    run_max_model_len: int
+    run_reservations: int  # KV budget = this many max_model_len reservations
+    num_requests: int  # measured requests sharing the prefix
+    prefix_len: int
+    suffix_len: int
+    ttft_rounds: int
+    cost_workload: str
+    cost_rounds: int
+
+
+FULL = Sizes(run_workload="heterogeneous_64", run_max_model_len=MAX_MODEL_LEN, run_reservations=8, num_requests=16,
+             prefix_len=512, suffix_len=16, ttft_rounds=3, cost_workload="heterogeneous_small_16", cost_rounds=20)
+SMOKE = Sizes(run_workload="heterogeneous_small_16", run_max_model_len=512, run_reservations=2, num_requests=4,
+              prefix_len=128, suffix_len=16, ttft_rounds=1, cost_workload="heterogeneous_small_16", cost_rounds=1)
+
+
+# ---- records ----
+
+@dataclass(frozen=True)
+class EngineRun:
+    """The paged engine on a workload with a pool of ``budget_tokens`` slots."""
+
+    workload: str
+    num_requests: int
+    budget_tokens: int
+    max_model_len: int
+    max_running: int  # most sequences computed in one step
+    first_batch: int  # sequences admitted into the first static batch
+    num_preemptions: int
+    peak_blocks: int
+    num_blocks: int
+    prediction_matches: bool | None  # kv_blocks_used == paged_blocks_per_step (None: preempted, not comparable)
+    seconds: float
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class PrefixResult:
+    """Shared-prefix requests with prefix caching on or off (medians over rounds)."""
+
+    caching: bool
+    first_ttft: float  # the first round's first request, alone: it computes the prefix either way
+    ttft_mean: float  # mean TTFT of the measured batch
+    ttft_median: float
+    ttft_p90: float
+    prefill_tokens: float  # prompt tokens computed per measured request
+    hit_rate: float  # cached prompt tokens / prompt tokens of the measured requests
+    seconds: float  # wall time of the measured batch
+    outputs: list[list[int]]
+
+
+@dataclass(frozen=True)
+class CostResult:
+    """Unrelated prompts with caching on and off."""
+
+    throughput_off: list[float]  # output tokens/s per round
+    throughput_on: list[float]
+    cached_tokens: int  # prompt tokens found in the cache (0 means a 0% hit rate, as intended)
+    bookkeeping_s: float  # seconds in the block manager's hashing and lookups (caching on)
+    total_on_s: float  # wall seconds of the caching-on runs
+
+    @property
+    def ratio(self) -> float:
+        """Throughput with caching over without (1.0: no cost): the median of each round's on/off ratio, since
+        the two runs of a round share whatever else the machine was doing at the time."""
+        return statistics.median(on / off for on, off in zip(self.throughput_on, self.throughput_off))
+
+
+# ---- measurements ----
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def paged_llm(device: torch.device, dtype: torch.dtype, **options: object) -> LLM:
+    return LLM(MODEL, engine="paged", device=device, dtype=dtype, block_size=BLOCK_SIZE,
+               **options)  # type: ignore[arg-type]
+
+
+def waste_table(wl: Workload) -> tuple[dict[str, Layout], dict[str, KVMemoryUsage], dict[str, KVMemoryUsage]]:
+    layouts: dict[str, Layout] = {
+        "contiguous, reserve max_model_len": ContiguousLayout("max_model_len", MAX_MODEL_LEN),
+        f"contiguous, reserve prompt + max_tokens {max(wl.output_lens)}":
+            ContiguousLayout("max_tokens", MAX_MODEL_LEN, max_tokens=max(wl.output_lens)),
+        "contiguous, reserve prompt + exact output": ContiguousLayout("max_tokens", MAX_MODEL_LEN),
+        f"paged, block_size {BLOCK_SIZE}": PagedLayout(BLOCK_SIZE),
+    }
+    life = {name: kv_memory_usage(wl.requests, layout) for name, layout in layouts.items()}
+    peak = {name: kv_memory_usage(wl.requests, layout, at="peak") for name, layout in layouts.items()}
+    return layouts, life, peak
+
+
+def measure_engine_run(device: torch.device, dtype: torch.dtype, sizes: Sizes) -> EngineRun:
+    base = load_workload(sizes.run_workload)
+    budget = sizes.run_reservations * sizes.run_max_model_len
+    llm = paged_llm(device, dtype, max_model_len=sizes.run_max_model_len, num_gpu_blocks=budget // BLOCK_SIZE,
+                    max_num_seqs=len(base))
+    wl = materialise(base, llm.tokenizer, seed=0)
+    llm.generate(wl.prompts()[:2], greedy(2), use_tqdm=False)  # warm-up
+    before = len(llm.engine.step_stats)
+    start = time.perf_counter()
+    llm.generate(wl.prompts(), sampling_params_for(wl), use_tqdm=False)
+    seconds = time.perf_counter() - start
+    steps = llm.engine.step_stats[before:]
+    preemptions = steps[-1].num_preemptions - llm.engine.step_stats[before - 1].num_preemptions
+    used = [s.kv_blocks_used or 0 for s in steps]
+    matches = used == paged_blocks_per_step(wl.requests, BLOCK_SIZE) if preemptions == 0 else None
+    max_running = max(s.num_seqs - s.num_idle_slots for s in steps)
+    return EngineRun(wl.name, len(wl), budget, sizes.run_max_model_len, max_running,
+                     steps[0].num_seqs, preemptions, max(used), llm.engine.num_blocks, matches, seconds,
+                     wl.num_output_tokens)
+
+
+def shared_prefix_prompts(tokenizer, sizes: Sizes, round_index: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """One warm-up prompt and ``num_requests`` measured ones: the same prefix, each with its own question."""
+    prefix = prompt_ids_of_length(tokenizer, sizes.prefix_len, seed=1)
+    return [prefix + prompt_ids_of_length(tokenizer, 64, seed=10_000 * (round_index + 1) + i)[-sizes.suffix_len:]
+            for i in range(sizes.num_requests + 1)]
+
+
+def measure_prefix_caching(device: torch.device, dtype: torch.dtype, sizes: Sizes, out_len: int = 4
+                           ) -> dict[bool, PrefixResult]:
+    llms = {c: paged_llm(device, dtype, max_num_seqs=sizes.num_requests, enable_prefix_caching=c)
+            for c in (False, True)}
+    per_round: dict[bool, list[dict[str, object]]] = {False: [], True: []}
+    for llm in llms.values():  # warm-up, not measured: first calls allocate and pick kernels
+        llm.generate([prompt_ids_of_length(llm.tokenizer, 64, seed=0)], greedy(2), use_tqdm=False)
+    tokenizer = llms[False].tokenizer
+    jobs = [(r, c) for r in range(sizes.ttft_rounds) for c in (False, True)]  # alternate, so drift hits both
+    for r, caching in tqdm(jobs, desc="shared prefix", unit="run"):
+        llm = llms[caching]
+        prompts = shared_prefix_prompts(tokenizer, sizes, r)
+        first = llm.generate(prompts[:1], greedy(out_len), use_tqdm=False)[0]
+        start = time.perf_counter()
+        outs = llm.generate(prompts[1:], greedy(out_len), use_tqdm=False)
+        seconds = time.perf_counter() - start
+        ttft = Percentiles.of([o.metrics.ttft for o in outs])
+        per_round[caching].append({
+            "first": first.metrics.ttft, "mean": ttft.mean, "median": ttft.median, "p90": ttft.p90, "seconds": seconds,
+            "prefill": statistics.mean(len(o.prompt_token_ids) - o.num_cached_tokens for o in outs),
+            "hit": sum(o.num_cached_tokens for o in outs) / sum(len(o.prompt_token_ids) for o in outs),
+            "outputs": [o.outputs[0].token_ids for o in outs],
+        })
+    results = {}
+    for caching, rounds in per_round.items():
+        def med(key: str, rounds: list = rounds) -> float:  # type: ignore[type-arg]
+            return statistics.median(float(x[key]) for x in rounds)  # type: ignore[arg-type]
+        results[caching] = PrefixResult(caching, float(rounds[0]["first"]), med("mean"),  # type: ignore[arg-type]
+                                        med("median"), med("p90"), med("prefill"), med("hit"), med("seconds"),
+                                        rounds[0]["outputs"])  # type: ignore[arg-type]
+    return results
+
+
+def measure_cost(device: torch.device, dtype: torch.dtype, sizes: Sizes) -> CostResult:
+    base = load_workload(sizes.cost_workload)
+    llms = {c: paged_llm(device, dtype, max_num_seqs=len(base), enable_prefix_caching=c) for c in (False, True)}
+    box = [0.0]
+    bm: BlockManager = llms[True].engine.block_manager  # type: ignore[attr-defined]
+    for llm in llms.values():
+        llm.generate([prompt_ids_of_length(llm.tokenizer, 64, seed=1)], greedy(2), use_tqdm=False)  # warm-up
+    for name in ("lookup_prefix", "cache_full_blocks", "record_prefix_query"):
+        wrap_timed(bm, name, box)  # for the rest of the run
+    throughput: dict[bool, list[float]] = {False: [], True: []}
+    cached = 0
+    total_on = 0.0
+    for r in tqdm(range(sizes.cost_rounds), desc="0% hit rate", unit="round"):
+        wl = materialise(base, llms[False].tokenizer, seed=2000 + r)  # fresh prompts: nothing to find
+        order = (False, True) if r % 2 == 0 else (True, False)
+        for caching in order:
+            start = time.perf_counter()
+            outs = llms[caching].generate(wl.prompts(), sampling_params_for(wl), use_tqdm=False)
+            seconds = time.perf_counter() - start
+            throughput[caching].append(wl.num_output_tokens / seconds)
+            if caching:
+                cached += sum(o.num_cached_tokens for o in outs)
+                total_on += seconds
+    return CostResult(throughput[False], throughput[True], cached, box[0], total_on)
