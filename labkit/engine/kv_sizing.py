@@ -94,7 +94,9 @@ def pool_num_blocks(model: CausalLM, config: PagedConfig, max_num_batched_tokens
         if config.kv_cache_memory is not None:
             budget = config.kv_cache_memory
         elif memory is not None:
-            num_tokens = min(max_num_batched_tokens, config.max_num_seqs * config.max_model_len)
+            # The largest step of one sequence: a static batch's budget (max_num_seqs x max_model_len) would ask one
+            # profiling pass for millions of tokens on a long-context model and run out of memory itself.
+            num_tokens = min(max_num_batched_tokens, config.max_model_len)
             budget = cuda_kv_budget(memory, config.gpu_memory_utilization, profile_activation_peak(model, num_tokens))
         else:  # enough for every slot at full length, within a modest CPU budget
             budget = min(CPU_KV_BUDGET, config.max_num_seqs * config.max_model_len * block_bytes // config.block_size)

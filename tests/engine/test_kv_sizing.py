@@ -105,3 +105,13 @@ def test_a_pool_of_eight_million_blocks_makes_no_block_objects_up_front() -> Non
         bm._release(block_id)
     assert bm.num_free_blocks == 8_000_000 and list(bm.free_block_ids)[-3:] == [0, 1, 2]  # returned ones come last
     assert bm.free_block_ids[0] == 3 and bm._take_free_block() == 3
+
+
+def test_the_profiling_pass_is_one_sequence_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    card, model = FakeCard(), FakeModel()
+    card.patch(monkeypatch)
+    asked: list[int] = []
+    monkeypatch.setattr(kv_sizing, "profile_activation_peak", lambda m, n: asked.append(n) or GIB)
+    kv_sizing.pool_num_blocks(model, config(), 256 * 131072)  # type: ignore[arg-type]  # a static batch's budget
+    kv_sizing.pool_num_blocks(model, config(), 512)  # type: ignore[arg-type]  # chunked's budget
+    assert asked == [131072, 512]
