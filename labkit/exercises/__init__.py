@@ -28,6 +28,7 @@ __all__ = ["TASKS", "Check", "CheckResult", "Task", "run_checker", "use_or_refer
 
 F = TypeVar("F", bound=Callable[..., Any])
 LABKIT_DIR = Path(__file__).resolve().parents[1]
+SHOWN_FAILURES = 6  # a check cell lists at most this many failures, and says how many it left out
 
 
 def where_in_learner_code(exc: BaseException) -> str:
@@ -51,12 +52,16 @@ class CheckResult:
         return self.status == "passed"
 
     def message(self) -> str:
+        # Plain-text marks: emoji render as empty boxes where no emoji font is installed.
         if self.passed:
-            return f"✅ {self.task}: all checks passed."
+            return f"[PASS] {self.task}: all checks passed."
         if self.status == "not started":
-            return f"⏭️  {self.task}: not implemented yet (the stub raises NotImplementedError)."
-        lines = [f"❌ {self.task}: {len(self.failures)} check(s) failed."]
-        lines += [f"   - {f}" for f in self.failures[:5]]
+            return f"[TO DO] {self.task}: not implemented yet (the stub raises NotImplementedError)."
+        lines = [f"[FAIL] {self.task}: {len(self.failures)} check(s) failed."]
+        lines += [f"   - {f}" for f in self.failures[:SHOWN_FAILURES]]
+        if len(self.failures) > SHOWN_FAILURES:
+            lines.append(f"   ... and {len(self.failures) - SHOWN_FAILURES} more (fix the first ones first: "
+                         "later failures often follow from them)")
         if self.hint:
             lines.append(f"   Hint: {self.hint}")
         return "\n".join(lines)
@@ -99,9 +104,12 @@ def use_or_reference(result: CheckResult, candidate: F, reference: F, verbose: b
     if verbose:
         print(result.message())
     if result.passed:
+        if verbose:
+            print("   -> From here on this notebook uses your code. Cells below that ran before this check used "
+                  "labkit's reference: re-run them (Run > Run Selected Cell and All Below) to see your code's results.")
         return candidate
     if verbose:
         name = getattr(reference, "__qualname__", repr(reference))
         module = getattr(reference, "__module__", "labkit")
-        print(f"   → The rest of this notebook uses labkit's reference {module}.{name} until this task passes.")
+        print(f"   -> The rest of this notebook uses labkit's reference {module}.{name} until this task passes.")
     return reference

@@ -1,0 +1,108 @@
+"""The direction the prose states, checked against the measurement and printed next to it.
+
+A notebook's text says "continuous is faster" or "the throughput falls"; on a learner's busy laptop the
+measurement may not agree. A ``Verdict`` is computed from the rounds: the claim *holds* when it held in every
+round, is *contradicted* when the opposite held in every round, and is *too close to call* otherwise. Its text
+gives the numbers it was computed from, and when the claim did not hold, the likely reason, so prose never
+silently contradicts a plot. Introduced in notebook 03 (``03_kv_cache``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from labkit.measure.rounds import Rounds
+
+Outcome = Literal["holds", "contradicted", "too close to call"]
+MARK = {"holds": "[holds]", "contradicted": "[does NOT hold here]", "too close to call": "[too close to call]"}
+# Rounds within this fraction of each other are noise on a laptop, not a direction.
+TIE = 0.02
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim from the prose and what the measurement says of it. Notebook 03."""
+
+    claim: str
+    outcome: Outcome
+    ratio: float  # median over rounds of (claimed better) / (other), oriented so > 1 means the claim's direction
+    ratio_range: tuple[float, float]
+    text: str
+
+    @property
+    def holds(self) -> bool:
+        return self.outcome == "holds"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _outcome(ratios: Sequence[float]) -> Outcome:
+    if all(r > 1 + TIE for r in ratios):
+        return "holds"
+    if all(r < 1 - TIE for r in ratios):
+        return "contradicted"
+    return "too close to call"
+
+
+def _explain(outcome: Outcome, why_not: str, rounds: Rounds | None) -> str:
+    if outcome == "holds":
+        return ""
+    lines = []
+    if outcome == "too close to call":
+        lines.append("The rounds disagree (or differ by under 2%): the difference is within this machine's noise.")
+    if why_not:
+        lines.append(f"Likely reason: {why_not}")
+    if rounds is not None and rounds.load is not None and rounds.load.busy:
+        lines.append(f"These rounds ran under load ({rounds.load.summary()}); {rounds.load.advice()}")
+    return "\n   ".join([""] + lines)
+
+
+def compare(rounds: Rounds, better: str, other: str, metric: str, higher_is_better: bool, claim: str,
+            unit: str = "", fmt: str = ".1f", why_not: str = "") -> Verdict:
+    """Check the claim "``better`` beats ``other`` on ``metric``" round by round."""
+    a, b = rounds.get(better, metric), rounds.get(other, metric)
+    ratios = [(x / y if higher_is_better else y / x) if min(x, y) > 0 else float("inf") for x, y in zip(a, b)]
+    outcome = _outcome(ratios)
+    med = statistics.median(ratios)
+    spread = f"; rounds {min(ratios):.2f}x-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+    text = (f"{MARK[outcome]} {claim}: {better} {statistics.median(a):{fmt}} vs {other} "
+            f"{statistics.median(b):{fmt}} {unit}".rstrip()
+            + f" (median of {len(ratios)} rounds: {med:.2f}x in the claim's favour{spread})"
+            + _explain(outcome, why_not, rounds))
+    return Verdict(claim, outcome, med, (min(ratios), max(ratios)), text)
+
+
+def trend(xs: Sequence[float], rounds_per_x: Sequence[Sequence[float]], expect: Literal["rises", "falls"],
+          claim: str, x_label: str = "", unit: str = "", fmt: str = ".1f", why_not: str = "",
+          rounds: Rounds | None = None) -> Verdict:
+    """Check that a quantity rises (or falls) from the first x to the last: every round at the last x beyond every
+    round at the first; the points in between are reported, not judged."""
+    if len(xs) < 2 or len(xs) != len(rounds_per_x):
+        raise ValueError(f"trend needs at least two x values with one list of rounds each, got {len(xs)} x values "
+                         f"and {len(rounds_per_x)} lists")
+    first, last = rounds_per_x[0], rounds_per_x[-1]
+    sign = 1 if expect == "rises" else -1
+    ratios = [(y / x) ** sign if min(x, y) > 0 else float("inf") for x in first for y in last]
+    outcome = _outcome(ratios)  # every (first round, last round) pair must agree
+    medians = [statistics.median(r) for r in rounds_per_x]
+    path = ", ".join(f"{x:g}{x_label}: {m:{fmt}}" for x, m in zip(xs, medians))
+    steps = [b - a for a, b in zip(medians, medians[1:])]
+    monotonic = all(s * sign > 0 for s in steps)
+    bumpy = "" if monotonic or len(xs) == 2 else " (not at every step in between)"
+    text = (f"{MARK[outcome]} {claim}: medians {path} {unit}".rstrip() + bumpy
+            + _explain(outcome, why_not, rounds))
+    med = (medians[-1] / medians[0]) ** sign if min(medians[0], medians[-1]) > 0 else float("inf")
+    return Verdict(claim, outcome, med, (min(ratios), max(ratios)), text)
+
+
+def signed_change(value: float, base: float, higher_is_better: bool, what: str) -> str:
+    """'costs 12.2%' or 'gains 12.2%' of ``what``: the sign and the word agree (a cost is positive when worse)."""
+    if base == 0:
+        return f"{what}: no baseline to compare with"
+    change = (value - base) / base * 100
+    worse = change < 0 if higher_is_better else change > 0
+    return f"{'costs' if worse else 'gains'} {abs(change):.1f}% of {what}"

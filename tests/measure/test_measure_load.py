@@ -1,0 +1,91 @@
+"""measure_load: other programs' CPU use, with this process's own work subtracted."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections import namedtuple
+
+import psutil
+import pytest
+
+from labkit.measure import load as load_mod
+from labkit.measure.load import BUSY_CORES, LoadReport, check_machine, measure_load
+
+CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait guest guest_nice")
+
+
+class _FakeProcess:
+    def __init__(self, own: list[float]) -> None:
+        self.own = own
+
+    def cpu_times(self) -> object:
+        return namedtuple("P", "user system")(self.own.pop(0), 0.0)
+
+    def children(self, recursive: bool = False) -> list[object]:
+        return []
+
+
+def _fake_machine(monkeypatch: pytest.MonkeyPatch, busy: tuple[float, float], own: tuple[float, float]) -> None:
+    """Machine-wide busy seconds and this process's CPU seconds before and after the sample."""
+    machine = [CpuTimes(b, 0.0, 0.0, 100.0, 0.0, 0.0, 0.0) for b in busy]
+    monkeypatch.setattr(load_mod.psutil, "cpu_times", lambda: machine.pop(0))
+    monkeypatch.setattr(load_mod.psutil, "Process", lambda pid: _FakeProcess(list(own)))
+    monkeypatch.setattr(load_mod.psutil, "cpu_count", lambda: 2)
+    monkeypatch.setattr(load_mod.time, "sleep", lambda s: None)
+    clock = iter([0.0, 1.0])
+    monkeypatch.setattr(load_mod.time, "perf_counter", lambda: next(clock))
+
+
+def test_own_work_is_not_counted_as_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1.5 core-seconds busy over 1 s, 1.2 of them this process's: others used 0.3 of a core
+    _fake_machine(monkeypatch, busy=(10.0, 11.5), own=(4.0, 5.2))
+    report = measure_load(1.0)
+    assert report.others_cores == pytest.approx(0.3)
+    assert not report.busy and report.advice() == ""
+    assert "quiet" in report.summary() and "0.30 of 2 cores" in report.summary()
+
+
+def test_a_busy_neighbour_is_reported_with_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_machine(monkeypatch, busy=(10.0, 11.5), own=(4.0, 4.4))
+    report = measure_load(1.0)
+    assert report.others_cores == pytest.approx(1.1)
+    assert report.busy
+    advice = report.advice()
+    assert "close other programs" in advice and "OMP_NUM_THREADS=1" in advice and "re-run" in advice
+
+
+def test_guest_time_is_not_counted_twice() -> None:
+    times = CpuTimes(user=5.0, nice=0.0, system=1.0, idle=10.0, iowait=1.0, guest=2.0, guest_nice=0.0)
+    assert load_mod._busy_seconds(times) == pytest.approx(6.0)
+
+
+def test_busy_threshold() -> None:
+    assert LoadReport(2, BUSY_CORES, None, 0.5).busy
+    assert not LoadReport(2, BUSY_CORES - 0.01, None, 0.5).busy
+    assert "load average" not in LoadReport(2, 0.0, None, 0.5).summary()
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.skipif((psutil.cpu_count() or 1) < 2, reason="needs a second core for the neighbour")
+def test_a_real_spinning_process_makes_the_machine_busy(capsys: pytest.CaptureFixture[str]) -> None:
+    neighbour = mp.get_context("spawn").Process(target=_spin, args=(30.0,), daemon=True)
+    neighbour.start()
+    try:
+        child = psutil.Process(neighbour.pid)
+        deadline = time.perf_counter() + 20
+        while child.cpu_times().user < 0.3 and time.perf_counter() < deadline:
+            time.sleep(0.1)  # wait until the spawned interpreter has started up and spins
+        report = check_machine(sample_s=1.0)
+    finally:
+        neighbour.kill()
+        neighbour.join()
+    assert report.others_cores > 0.7  # one core spinning, measured over a second
+    assert report.busy
+    out = capsys.readouterr().out
+    assert "BUSY" in out and "close other programs" in out
