@@ -2,6 +2,12 @@
 
     .venv/bin/python scripts/time_notebooks.py 00 01 02        # or no arguments: every notebook
     .venv/bin/python scripts/time_notebooks.py --smoke 03      # smoke mode, as the test suite runs it
+    .venv/bin/python scripts/time_notebooks.py --busy --repeat 2 03 07   # twice, with one core kept busy
+
+``--busy`` starts a neighbour process that keeps one core busy for each run (a classroom laptop's video call), so
+the "busy" column of the learner path can be measured. Every run's printed verdicts (``labkit.measure``: "[holds]",
+"[does NOT hold here]", "[too close to call]") are read back from the executed notebook and audited: a verdict
+whose mark disagrees with the round figures printed beside it is reported as a problem.
 
 Each notebook runs with ``jupyter nbconvert --execute`` into a temporary folder (the committed notebooks are
 never touched). Beside each time it reports how busy *other* processes kept the CPUs during the run and the
@@ -18,13 +24,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_common import cpu_jiffies, md_table  # noqa: E402
+
+from labkit.measure.verdict import MARK, audit  # noqa: E402
+
+SPIN = "import time\nwhile True:\n    time.perf_counter()"  # the busy neighbour: one core, until killed
+
+
+def printed_text(executed: Path) -> str:
+    """Everything the executed notebook printed to stdout (stream outputs), in cell order."""
+    nb = json.loads(executed.read_text())
+    return "\n".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", [])
+                     if o.get("output_type") == "stream" and o.get("name") == "stdout")
 
 
 @dataclass
@@ -38,6 +55,9 @@ class NotebookTime:
     loadavg_before: float
     loadavg_after: float
     slowest_cells: list[tuple[int, float]]  # (cell index, seconds)
+    busy_neighbour: bool = False  # a process kept one core busy during the run (--busy)
+    verdicts: list[str] = field(default_factory=list)  # the first line of every printed verdict
+    verdict_problems: list[str] = field(default_factory=list)  # labkit.measure.audit's findings
 
 
 def cell_seconds(executed: Path) -> list[tuple[int, float]]:
@@ -54,17 +74,23 @@ def cell_seconds(executed: Path) -> list[tuple[int, float]]:
     return out
 
 
-def time_notebook(path: Path, smoke: bool, outdir: Path, timeout_s: int) -> NotebookTime:
+def time_notebook(path: Path, smoke: bool, outdir: Path, timeout_s: int, busy: bool = False) -> NotebookTime:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", LABKIT_SMOKE="1" if smoke else "0")
     env.pop("CI", None)  # CI=true would switch smoke mode on
     cmd = [str(ROOT / ".venv/bin/jupyter"), "nbconvert", "--to", "notebook", "--execute",
            f"--ExecutePreprocessor.timeout={timeout_s}", "--output-dir", str(outdir), "--output", path.stem, str(path)]
-    load_before = os.getloadavg()[0]
-    machine0, children0 = cpu_jiffies(), os.times()
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    machine1, children1 = cpu_jiffies(), os.times()
+    neighbour = subprocess.Popen([sys.executable, "-c", SPIN]) if busy else None
+    try:
+        load_before = os.getloadavg()[0]
+        machine0, children0 = cpu_jiffies(), os.times()
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        machine1, children1 = cpu_jiffies(), os.times()
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
     own = (children1.children_user + children1.children_system
            - children0.children_user - children0.children_system)  # nbconvert and the kernel it reaped
     other = None
@@ -75,8 +101,11 @@ def time_notebook(path: Path, smoke: bool, outdir: Path, timeout_s: int) -> Note
         print(proc.stderr[-3000:], file=sys.stderr)
     executed = outdir / f"{path.stem}.ipynb"
     cells = cell_seconds(executed) if executed.is_file() else []
+    printed = printed_text(executed) if executed.is_file() else ""
+    verdicts = [line.strip() for line in printed.splitlines() if line.lstrip().startswith(tuple(MARK.values()))]
     return NotebookTime(path.stem, smoke, proc.returncode == 0, round(wall, 1), round(own, 1), other,
-                        load_before, os.getloadavg()[0], sorted(cells, key=lambda c: -c[1])[:3])
+                        load_before, os.getloadavg()[0], sorted(cells, key=lambda c: -c[1])[:3], busy, verdicts,
+                        audit(printed))
 
 
 def main() -> None:
@@ -84,6 +113,8 @@ def main() -> None:
     parser.add_argument("numbers", nargs="*", help="notebook numbers (default: all)")
     parser.add_argument("--smoke", action="store_true", help="time smoke mode instead of the full run")
     parser.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
+    parser.add_argument("--busy", action="store_true", help="keep one core busy with a neighbour process")
+    parser.add_argument("--repeat", type=int, default=1, help="run each notebook this many times in a row")
     parser.add_argument("--keep", type=Path, help="folder for the executed notebooks (default: a temporary one)")
     args = parser.parse_args()
     paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -93,20 +124,31 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     results = []
     for path in paths:  # one at a time: two notebooks at once would share the CPUs and inflate both
-        r = time_notebook(path, args.smoke, outdir, args.timeout)
-        results.append(r)
-        print(f"{r.notebook}: {'ok' if r.ok else 'FAILED'} {r.wall_s:.0f} s (other load "
-              f"{'?' if r.other_cpu_load is None else f'{r.other_cpu_load:.0%}'}, loadavg {r.loadavg_before:.2f}"
-              f" -> {r.loadavg_after:.2f}); slowest cells {r.slowest_cells}", flush=True)
+        for _ in range(args.repeat):
+            r = time_notebook(path, args.smoke, outdir, args.timeout, args.busy)
+            results.append(r)
+            print(f"{r.notebook}: {'ok' if r.ok else 'FAILED'} {r.wall_s:.0f} s (other load "
+                  f"{'?' if r.other_cpu_load is None else f'{r.other_cpu_load:.0%}'}, loadavg {r.loadavg_before:.2f}"
+                  f" -> {r.loadavg_after:.2f}); slowest cells {r.slowest_cells}", flush=True)
+            for line in r.verdicts:
+                print(f"    {line}")
+            for problem in r.verdict_problems:
+                print(f"    VERDICT PROBLEM: {problem}")
     (ROOT / "results").mkdir(exist_ok=True)
     out = ROOT / "results" / "notebook_times.json"
     previous = json.loads(out.read_text()) if out.is_file() else {}
-    previous.update({f"{r.notebook}{'-smoke' if r.smoke else ''}": asdict(r) for r in results})
+    for i, r in enumerate(results):
+        run = sum(q.notebook == r.notebook for q in results[:i]) + 1
+        previous[f"{r.notebook}{'-smoke' if r.smoke else ''}{'-busy' if r.busy_neighbour else ''}-run{run}"] = asdict(r)
     out.write_text(json.dumps(previous, indent=2))
     rows = [[r.notebook, "yes" if r.ok else "FAILED", f"{r.wall_s / 60:.1f}",
-             "?" if r.other_cpu_load is None else f"{r.other_cpu_load:.0%}", f"{r.loadavg_before:.2f}"]
+             "?" if r.other_cpu_load is None else f"{r.other_cpu_load:.0%}", f"{r.loadavg_before:.2f}",
+             str(len(r.verdicts)), str(len(r.verdict_problems))]
             for r in results]
-    print(md_table(["notebook", "ran", "minutes", "other CPU load", "loadavg at start"], rows))
+    print(md_table(["notebook", "ran", "minutes", "other CPU load", "loadavg at start", "verdicts",
+                    "verdict problems"], rows))
+    if any(r.verdict_problems for r in results):
+        sys.exit(1)
     print(f"executed notebooks in {outdir}; times in {out}")
 
 

@@ -9,6 +9,7 @@ silently contradicts a plot. Introduced in notebook 03 (``03_kv_cache``).
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ def compare(rounds: Rounds, better: str, other: str, metric: str, higher_is_bett
     ratios = [(x / y if higher_is_better else y / x) if min(x, y) > 0 else float("inf") for x, y in zip(a, b)]
     outcome = _outcome(ratios)
     med = statistics.median(ratios)
-    spread = f"; rounds {min(ratios):.2f}x-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+    spread = f"; rounds {min(ratios):.2f}x-{max(ratios):.2f}x"
     text = (f"{MARK[outcome]} {claim}: {better} {statistics.median(a):{fmt}} vs {other} "
             f"{statistics.median(b):{fmt}} {unit}".rstrip()
             + f" (median of {len(ratios)} rounds: {med:.2f}x in the claim's favour{spread})"
@@ -93,7 +94,9 @@ def trend(xs: Sequence[float], rounds_per_x: Sequence[Sequence[float]], expect: 
     steps = [b - a for a, b in zip(medians, medians[1:])]
     monotonic = all(s * sign > 0 for s in steps)
     bumpy = "" if monotonic or len(xs) == 2 else " (not at every step in between)"
-    text = (f"{MARK[outcome]} {claim}: medians {path} {unit}".rstrip() + bumpy
+    ranges = (f" (every round at {xs[-1]:g}{x_label} against every round at {xs[0]:g}{x_label}: "
+              f"rounds {min(ratios):.2f}x-{max(ratios):.2f}x in the claim's favour)")
+    text = (f"{MARK[outcome]} {claim}: medians {path} {unit}".rstrip() + bumpy + ranges
             + _explain(outcome, why_not, rounds))
     med = (medians[-1] / medians[0]) ** sign if min(medians[0], medians[-1]) > 0 else float("inf")
     return Verdict(claim, outcome, med, (min(ratios), max(ratios)), text)
@@ -106,3 +109,30 @@ def signed_change(value: float, base: float, higher_is_better: bool, what: str) 
     change = (value - base) / base * 100
     worse = change < 0 if higher_is_better else change > 0
     return f"{'costs' if worse else 'gains'} {abs(change):.1f}% of {what}"
+
+
+_NUM = r"(-?\d+(?:\.\d+)?)"
+
+
+def audit(printed: str) -> list[str]:
+    """Every printed verdict line whose mark disagrees with the numbers printed in it (empty: all consistent).
+
+    Reads text as a notebook printed it (every verdict prints the range of its round ratios, oriented so > 1 is the
+    claim's direction), so a notebook's saved output can be checked without re-running it.
+    """
+    problems = []
+    slack = 0.01  # printed figures are rounded
+    for line in printed.splitlines():
+        mark = next((m for m in MARK.values() if line.lstrip().startswith(m)), None)
+        if mark is None:
+            continue
+        pair = re.search(rf"rounds {_NUM}x-{_NUM}x", line)
+        if not pair:
+            problems.append(f"verdict without its round figures: {line.strip()}")
+            continue
+        low, high = float(pair[1]), float(pair[2])
+        ok = {MARK["holds"]: low > 1 + TIE - slack, MARK["contradicted"]: high < 1 - TIE + slack,
+              MARK["too close to call"]: low <= 1 + TIE + slack and high >= 1 - TIE - slack}[mark]
+        if not ok:
+            problems.append(f"mark {mark} disagrees with rounds {low:.3f}x-{high:.3f}x: {line.strip()}")
+    return problems

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labkit.measure import Rounds, compare, signed_change, trend
+from labkit.measure import Rounds, audit, compare, signed_change, trend
 from labkit.measure.load import LoadReport
 
 
@@ -81,3 +81,21 @@ def test_signed_change_word_agrees_with_direction(value: float, base: float, hig
     text = signed_change(value, base, higher_is_better, "x")
     worse = value < base if higher_is_better else value > base
     assert text.startswith("costs" if worse else "gains")
+
+
+def test_audit_accepts_what_compare_and_trend_print_and_catches_a_planted_mismatch() -> None:
+    lines = [
+        compare(_rounds([300, 320, 310], [100, 90, 110]), "continuous", "static", "tok/s", True, "faster").text,
+        compare(_rounds([78, 80, 70], [84, 90, 85]), "continuous", "static", "tok/s", True, "faster").text,
+        compare(_rounds([100, 80], [90, 90]), "continuous", "static", "tok/s", True, "faster").text,
+        trend([0, 8], [[300, 310], [200, 205]], "falls", "throughput falls").text,
+        trend([1, 32], [[38, 30], [31, 33]], "falls", "host share falls").text,
+        "[PASS] Task 1: a check line, not a verdict",
+    ]
+    printed = "\n".join(lines)
+    assert audit(printed) == []
+    planted = printed.replace("[does NOT hold here]", "[holds]", 1)
+    problems = audit(planted)
+    assert len(problems) == 1 and "disagrees with rounds 0.820x-0.930x" in problems[0]
+    assert audit("[too close to call] faster: rounds 1.50x-1.60x") != []
+    assert audit("[holds] faster, trust me") == ["verdict without its round figures: [holds] faster, trust me"]
