@@ -58,7 +58,8 @@ def _explain(outcome: Outcome, why_not: str, rounds: Rounds | None) -> str:
     if why_not:
         lines.append(f"Likely reason: {why_not}")
     if rounds is not None and rounds.load is not None and rounds.load.busy:
-        lines.append(f"These rounds ran under load ({rounds.load.summary()}); {rounds.load.advice()}")
+        # the advice itself is printed once, by check_machine; repeating it after every verdict buries the figures
+        lines.append(f"These rounds ran under load ({rounds.load.summary()}): close other programs and re-run.")
     return "\n   ".join([""] + lines)
 
 

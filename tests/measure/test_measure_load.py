@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections import namedtuple
 
 import psutil
 import pytest
+from busy_neighbour import start_unrelated_spinner
 
 from labkit.measure import load as load_mod
 from labkit.measure.load import BUSY_CORES, LoadReport, check_machine, measure_load
@@ -66,26 +70,31 @@ def test_busy_threshold() -> None:
     assert "load average" not in LoadReport(2, 0.0, None, 0.5).summary()
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 @pytest.mark.skipif((psutil.cpu_count() or 1) < 2, reason="needs a second core for the neighbour")
 def test_a_real_spinning_process_makes_the_machine_busy(capsys: pytest.CaptureFixture[str]) -> None:
-    neighbour = mp.get_context("spawn").Process(target=_spin, args=(30.0,), daemon=True)
-    neighbour.start()
+    pid = start_unrelated_spinner()
     try:
-        child = psutil.Process(neighbour.pid)
-        deadline = time.perf_counter() + 20
-        while child.cpu_times().user < 0.3 and time.perf_counter() < deadline:
-            time.sleep(0.1)  # wait until the spawned interpreter has started up and spins
         report = check_machine(sample_s=1.0)
     finally:
-        neighbour.kill()
-        neighbour.join()
+        os.kill(pid, signal.SIGKILL)
     assert report.others_cores > 0.7  # one core spinning, measured over a second
     assert report.busy
     out = capsys.readouterr().out
     assert "BUSY" in out and "close other programs" in out
+
+
+def test_this_process_children_count_as_its_own_work() -> None:
+    """A notebook's servers and workers are its own work, not a neighbour: a spinning child is not load."""
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n    time.perf_counter()"])
+    try:
+        deadline = time.perf_counter() + 20
+        while psutil.Process(child.pid).cpu_times().user < 0.3 and time.perf_counter() < deadline:
+            time.sleep(0.1)
+        own_before = sum(p.cpu_times().user for p in psutil.Process().children(recursive=True))
+        report = measure_load(1.0)
+        own_after = sum(p.cpu_times().user for p in psutil.Process().children(recursive=True))
+    finally:
+        child.kill()
+        child.wait()
+    assert own_after - own_before > 0.5  # the child did spin during the sample
+    assert report.others_cores < (own_after - own_before) - 0.3  # ... and was not counted as another program's

@@ -1,21 +1,18 @@
 """The notebooks' comparisons, at smoke size, under an artificial load: every printed verdict agrees with the numbers
 printed beside it, whichever way the busy machine tips the measurement.
 
-A neighbour process spins on one core for the whole module (a classroom laptop's video call). Each comparison is the
-one a notebook concludes from (03: KV cache vs naive; 05/07: continuous vs static; 06: prefix caching; 07:
-preemption), measured with ``labkit.measure`` as the notebooks do; the test reads the *printed* text back and checks
-the mark against the printed round ratios: "[holds]" only when every round favoured the claim, "[does NOT hold
-here]" only when every round went the other way, and the load was detected and reported.
+A neighbour process (not a child of the test: see conftest.py) spins on one core for the whole module, as a
+classroom laptop's video call would. Each comparison is the one a notebook concludes from (03: KV cache vs naive;
+05/07: continuous vs static; 06: prefix caching; 07: preemption), measured with ``labkit.measure`` as the notebooks
+do; the test reads the *printed* verdict back (``audit``): "[holds]" only when every round favoured the claim,
+"[does NOT hold here]" only when every round went the other way; and the load was detected and reported.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import re
 import time
-from collections.abc import Iterator
 
-import psutil
 import pytest
 
 from labkit.llm import LLM
@@ -27,25 +24,6 @@ PROMPTS = ["Once upon a time, a little fox", "The rain fell on the old town and"
 NUMBER = r"(-?\d+(?:\.\d+)?)"
 # Timed as the notebooks run (the suite's per-step book-keeping checks would dominate the timings otherwise).
 FAST = {"debug_checks": False}
-
-
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-@pytest.fixture(scope="module")
-def neighbour() -> Iterator[None]:
-    proc = mp.get_context("spawn").Process(target=_spin, args=(600.0,), daemon=True)
-    proc.start()
-    child = psutil.Process(proc.pid)
-    deadline = time.perf_counter() + 20
-    while child.cpu_times().user < 0.3 and time.perf_counter() < deadline:
-        time.sleep(0.1)
-    yield
-    proc.kill()
-    proc.join()
 
 
 def check_printed_verdict(verdict: Verdict, rounds: Rounds) -> None:
@@ -62,7 +40,7 @@ def _tok_s(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> dict[s
     return {"tok/s": sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)}
 
 
-def test_kv_cache_vs_naive(neighbour: None) -> None:  # notebook 03
+def test_kv_cache_vs_naive(neighbour: int) -> None:  # notebook 03
     params = [SamplingParams(max_tokens=12, ignore_eos=True)]
     with LLM("labkit-tiny", engine="naive", device="cpu") as naive, \
             LLM("labkit-tiny", engine="kvcache", device="cpu") as kv:
@@ -72,7 +50,7 @@ def test_kv_cache_vs_naive(neighbour: None) -> None:  # notebook 03
     check_printed_verdict(verdict, rounds)
 
 
-def test_continuous_vs_static_and_prefix_caching(neighbour: None) -> None:  # notebooks 05, 06, 07
+def test_continuous_vs_static_and_prefix_caching(neighbour: int) -> None:  # notebooks 05, 06, 07
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (2, 16, 3, 14)]
     shared = "A long shared system prompt that every request starts with, so the prefix cache can reuse it. " * 2
     cached = [shared + p for p in PROMPTS]
@@ -89,7 +67,7 @@ def test_continuous_vs_static_and_prefix_caching(neighbour: None) -> None:  # no
                                   unit="tok/s"), rounds)
 
 
-def test_preemption_trend(neighbour: None) -> None:  # notebook 07
+def test_preemption_trend(neighbour: int) -> None:  # notebook 07
     params = [SamplingParams(max_tokens=24, ignore_eos=True)] * 4
     pools = (64, 8)
     llms = {n: LLM("labkit-tiny", engine="continuous", device="cpu", num_gpu_blocks=n, block_size=8,
