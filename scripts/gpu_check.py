@@ -5,11 +5,12 @@
 
 It runs, in order: the hardware probe (``labkit.analysis.hardware``: the roof notebook 00 measures), the CUDA tests
 (``pytest -m cuda``), every notebook in GPU mode at smoke sizes (nbval, a few at a time), decode bandwidth use (MBU)
-of a ~1B preset in bfloat16 at batch 1 and 64 (eager and with CUDA graphs, for each ``--attention-backend``), and
-async scheduling + CUDA graphs repeated (a stability check: the same tokens every run). It writes one JSON and one
-Markdown report, both naming the hardware, to ``docs/benchmarks/gpu/`` (or ``--out DIR``). Design goal: under 8
-minutes on one H100/H200-class GPU. ``--dry-run`` runs the same plan on the CPU with a small preset, 1-2 decode
-steps and one notebook, skipping what needs CUDA with the reason recorded (the test suite runs it).
+of a ~1B preset in bfloat16 at batch 1 and 64 (eager and with CUDA graphs, for each ``--attention-backend``), decode
+attention alone (the PyTorch paths and the Triton kernel of notebook 11, by batch and context length, against the
+roof), and async scheduling + CUDA graphs repeated (a stability check: the same tokens every run). It writes one
+JSON and one Markdown report, both naming the hardware, to ``docs/benchmarks/gpu/`` (or ``--out DIR``). Design
+goal: under 8 minutes on one H100/H200-class GPU. ``--dry-run`` runs the same plan on the CPU with a small preset,
+1-2 decode steps and one notebook, skipping what needs CUDA with the reason recorded (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
+from benchlib.attention_kernel import attention_kernel_markdown, attention_kernel_rows  # noqa: E402
+
 from labkit import ATTENTION_BACKENDS, LLM, SamplingParams  # noqa: E402
 from labkit.analysis.hardware import DeviceRoof, describe_device, probe  # noqa: E402
 from labkit.analysis.roofline import decode_cost  # noqa: E402
@@ -220,6 +223,8 @@ def markdown(report: dict) -> str:
                   f"{r['forward_ms']:.2f} | {r['step_ms']:.2f} | {r['mbu_forward']:.1%} | {r['mbu_step']:.1%} |"
                   for r in mbu["rows"]]
         lines += [f"\nNot measured here: {s}." for s in mbu["skipped"]]
+    if by_name.get("decode attention", {}).get("rows"):
+        lines += attention_kernel_markdown(by_name["decode attention"])
     stable = by_name.get("async + graphs stability", {})
     if stable.get("runs"):
         lines += ["", f"## Stability: async scheduling{' + CUDA graphs' if stable['graphs'] else ''} "
@@ -234,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="the same plan on the CPU at tiny sizes (CI)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu", help="report folder")
-    parser.add_argument("--attention-backend", nargs="+", default=list(ATTENTION_BACKENDS),
-                        help=f"backends to measure decode MBU with (default: all, {', '.join(ATTENTION_BACKENDS)})")
+    parser.add_argument("--attention-backend", nargs="+", default=None,
+                        help=f"backends to measure decode MBU with (default: all, {', '.join(ATTENTION_BACKENDS)}; "
+                             "torch in a dry run, where Triton's interpreter would only be slow)")
     parser.add_argument("--notebooks", nargs="*", default=None, help="notebook file names (default: the plan's)")
     parser.add_argument("--notebook-workers", type=int, default=None, help="notebooks run side by side (GPU: 4)")
     args = parser.parse_args(argv)
@@ -255,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
 
     checks = [run_check("hardware probe", hardware), run_check("CUDA tests", lambda: check_cuda_tests(plan)),
               run_check("notebooks", lambda: check_notebooks(plan))]
+    backends = args.attention_backend or (["torch"] if args.dry_run else list(ATTENTION_BACKENDS))
     if roofs:
-        checks.append(run_check("decode MBU", lambda: check_mbu(plan, roofs[0], args.attention_backend)))
+        checks.append(run_check("decode MBU", lambda: check_mbu(plan, roofs[0], backends)))
+        checks.append(run_check("decode attention", lambda: attention_kernel_rows(
+            plan.device, plan.dtype, roofs[0].memory_bandwidth, args.dry_run)))
     checks.append(run_check("async + graphs stability", lambda: check_stability(plan)))
     report = {"dry_run": args.dry_run, "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
               "command": " ".join([".venv/bin/python", "scripts/gpu_check.py", *(argv or sys.argv[1:])]),

@@ -2,7 +2,8 @@
 
 ``ATTENTION_BACKENDS`` maps a name to a ``PagedAttentionBackend`` subclass; the model runner builds one per
 step from that step's ``PagedAttentionMetadata``. A learner's backend (a subclass) can be passed as the
-class itself. Introduced in notebook 06 (``06_paged_attention``).
+class itself. ``"triton"`` (notebook 11) is registered only where the triton package imports (its wheels are for
+Linux). Introduced in notebook 06 (``06_paged_attention``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,22 @@ ATTENTION_BACKENDS: dict[str, type[PagedAttentionBackend]] = {
     TorchAttentionBackend.name: TorchAttentionBackend,
 }
 
+TRITON_MISSING: str | None = None  # why "triton" is not registered, if it is not
+try:
+    from labkit.attention.triton_decode import TritonAttentionBackend
+except ImportError as error:  # no triton wheel for this platform (macOS, Windows), or not installed
+    TRITON_MISSING = str(error)
+else:
+    ATTENTION_BACKENDS[TritonAttentionBackend.name] = TritonAttentionBackend
+
 
 def resolve_attention_backend(backend: str | type) -> type[PagedAttentionBackend]:
     """A backend class from a registered name or a class, with a clear error naming what is accepted."""
     if isinstance(backend, str):
+        if backend == "triton" and TRITON_MISSING is not None:
+            raise ValueError(f"attention_backend 'triton' needs the triton package, which did not import "
+                             f"({TRITON_MISSING}); it has wheels for Linux only (pip install -r requirements.txt); "
+                             f"registered backends: {', '.join(ATTENTION_BACKENDS)}")
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend {backend!r} is not registered; registered backends: "
                              f"{', '.join(ATTENTION_BACKENDS)} (or pass a PagedAttentionBackend subclass)")
@@ -28,5 +41,5 @@ def resolve_attention_backend(backend: str | type) -> type[PagedAttentionBackend
                     f"subclass of labkit.attention.PagedAttentionBackend, got {backend!r}")
 
 
-__all__ = ["ATTENTION_BACKENDS", "PagedAttentionBackend", "PagedAttentionMetadata", "TorchAttentionBackend",
-           "resolve_attention_backend"]
+__all__ = ["ATTENTION_BACKENDS", "TRITON_MISSING", "PagedAttentionBackend", "PagedAttentionMetadata",
+           "TorchAttentionBackend", "resolve_attention_backend"]

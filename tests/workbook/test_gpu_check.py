@@ -21,7 +21,8 @@ def test_dry_run_writes_both_reports(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "dry-run.json").read_text(encoding="utf-8"))
     assert report["dry_run"] and report["hardware"]["device"] == "cpu" and report["hardware"]["name"]
     checks = {c["name"]: c for c in report["checks"]}
-    assert list(checks) == ["hardware probe", "CUDA tests", "notebooks", "decode MBU", "async + graphs stability"]
+    assert list(checks) == ["hardware probe", "CUDA tests", "notebooks", "decode MBU", "decode attention",
+                            "async + graphs stability"]
     assert checks["CUDA tests"]["status"] == "skipped" and "needs a CUDA GPU" in checks["CUDA tests"]["reason"]
     assert all(c["status"] == "passed" for name, c in checks.items() if name != "CUDA tests"), checks
     assert checks["hardware probe"]["detail"]["memory_bandwidth"] > 0
@@ -30,11 +31,21 @@ def test_dry_run_writes_both_reports(tmp_path: Path) -> None:
     assert [r["batch"] for r in mbu["rows"]] == list(report["plan"]["batches"])
     assert all(r["mbu_forward"] > 0 and r["bytes_per_step"] > 0 for r in mbu["rows"])
     assert mbu["skipped"] == ["CUDA graphs: they need CUDA"]
+    assert {r["attention_backend"] for r in mbu["rows"]} == {"torch"}  # the interpreter is not timed in an engine
+    attention = checks["decode attention"]["detail"]
+    from labkit.attention import ATTENTION_BACKENDS
+
+    paths = ["torch split", "torch padded"] + (["triton"] if "triton" in ATTENTION_BACKENDS else [])
+    assert attention["paths"] == paths and attention["interpreter"] == ("triton" in paths)
+    assert len(attention["rows"]) == 4 * len(paths)  # batches (1, 2) x contexts (16, 40)
+    assert all(r["max_abs_diff"] <= attention["tolerance"] and r["gb_per_s"] > 0 for r in attention["rows"])
+    assert attention["goal"]["measured"] is None  # batch 64 x 4096 is the GPU plan's
     stable = checks["async + graphs stability"]["detail"]
     assert all(r["same_tokens"] for r in stable["runs"]) and stable["captures_after_start"] == 0
     text = (tmp_path / "dry-run.md").read_text(encoding="utf-8")
     assert text.startswith(f"# GPU check: {report['hardware']['name']}")
-    for section in ("## Hardware", "## Checks", "## Notebooks (smoke sizes)", "## Decode MBU", "## Stability"):
+    for section in ("## Hardware", "## Checks", "## Notebooks (smoke sizes)", "## Decode MBU", "## Decode attention",
+                    "## Stability"):
         assert section in text
     assert "| CUDA tests | skipped |" in text and "dry run on the CPU" in text
 
@@ -58,6 +69,12 @@ def test_markdown_of_a_gpu_run() -> None:
                 "roof_bandwidth": 3.0e12, "skipped": [],
                 "rows": [{**row, "batch": 1, "graphs": False, "attention_backend": "torch"},
                          {**row, "batch": 1, "graphs": True, "attention_backend": "(graph decode)"}]}},
+            {"name": "decode attention", "status": "passed", "reason": "", "seconds": 20.0, "detail": {
+                "heads": [32, 8, 64], "dtype": "bfloat16", "tolerance": 0.02, "interpreter": False,
+                "paths": ["torch split", "triton"],
+                "goal": {"path": "triton", "batch": 64, "context_len": 4096, "fraction": 0.7, "measured": 0.75},
+                "rows": [{"batch": 64, "context_len": 4096, "path": "triton", "ms": 0.2, "gb_per_s": 2700.0,
+                          "fraction_of_roof": 0.75, "kernels_per_call": 2, "max_abs_diff": 0.004}]}},
             {"name": "async + graphs stability", "status": "passed", "reason": "", "seconds": 9.0, "detail": {
                 "model": "llama3.2-1b", "graphs": True, "captures_after_start": 0,
                 "runs": [{"seconds": 1.0, "same_tokens": True}]}},
@@ -67,4 +84,6 @@ def test_markdown_of_a_gpu_run() -> None:
     assert text.startswith("# GPU check: NVIDIA H100 80GB HBM3") and "| compute_capability | 9.0 |" in text
     assert "| 1 | yes | (graph decode) | 2.50 | 3.00 | 60.0% | 50.0% |" in text
     assert "## Stability: async scheduling + CUDA graphs (llama3.2-1b)" in text
+    assert "| 64 | 4096 | triton | 0.200 | 2700.0 | 75.0% | 2 | 0.004 |" in text
+    assert "measured 75%: met" in text and "interpreter" not in text
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
