@@ -54,6 +54,8 @@ class Sequence:
     num_preemptions: int = 0
     # Async scheduling (notebook 10): tokens a launched step is sampling that the host has not seen yet (0 or 1).
     num_pending_tokens: int = 0
+    # Speculative decoding (notebook 13): this step's proposed tokens, verified after the known ones.
+    spec_token_ids: list[int] = field(default_factory=list)
     parent: Sequence | None = None  # parallel sampling (n > 1): the sample whose prompt K/V this one shares
     error: str | None = None  # why it failed (finish_reason ERROR)
     error_cause: BaseException | None = field(default=None, repr=False)  # the exception, for tracebacks

@@ -251,6 +251,13 @@ class BlockManager:
         child.num_computed_tokens = num_tokens
         self.num_forked_tokens += num_tokens
 
+    def trim(self, seq: Sequence) -> None:
+        """Return the blocks past the one the next token goes into: speculative decoding reserved them for proposals
+        the target rejected (notebook 13). Last first, as ``free`` does."""
+        keep = self.blocks_needed(seq.num_computed_tokens + 1)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
     def free(self, seq: Sequence) -> None:
         """Return ``seq``'s blocks (last first, so a prefix's tail is evicted before its head)."""
         for block_id in reversed(seq.block_table):

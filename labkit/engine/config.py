@@ -12,12 +12,13 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from labkit.attention import ATTENTION_BACKENDS, PagedAttentionBackend, resolve_attention_backend
 from labkit.cache.block_manager import BlockManager
 from labkit.cache.contiguous import ContiguousKVCache
 from labkit.engine.sched.scheduler import Scheduler
+from labkit.spec_decode.config import SpeculativeConfig
 
 T = TypeVar("T")
 MAX_CAPTURE_SIZE = 512  # vLLM's cap on CUDA-graph batch sizes: larger decode batches run eagerly
@@ -148,8 +149,15 @@ class ContinuousConfig(PagedConfig):
     prompts are prefilled whole, 512 when chunked. Notebooks 07-08."""
 
     max_num_batched_tokens: int | None = None
+    # Speculative decoding (notebook 13): vLLM's dict ("method", "num_speculative_tokens", ...), checked here.
+    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_num_batched_tokens is not None:
             check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.speculative_config is not None:
+            self.speculative_config = SpeculativeConfig.from_option(self.speculative_config)
+            if self.async_scheduling:
+                raise ValueError("speculative_config cannot be combined with async_scheduling=True: the next step's "
+                                 "proposals depend on how many of this step's were accepted")

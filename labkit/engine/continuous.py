@@ -4,13 +4,19 @@
 (notebook 07, ``07_continuous_batching``). ``chunked`` also splits prefills into chunks under a
 per-step token budget, after scheduling every running decode, so a long prompt never stalls the
 decodes beside it (notebook 08, ``08_chunked_prefill``). ``chunked`` is ``LLM``'s default engine.
-Both can plan the next step while the device runs this one (``async_scheduling=True``, notebook 10).
+Both can plan the next step while the device runs this one (``async_scheduling=True``, notebook 10), or
+speculate: propose k tokens per decode and verify them in the step's one pass (``speculative_config``, notebook 13).
 """
 
 from __future__ import annotations
 
+from labkit.attention import resolve_attention_backend
 from labkit.engine.async_core import AsyncEngineCore
-from labkit.engine.config import ContinuousConfig
+from labkit.engine.config import ContinuousConfig, EngineConfig
+from labkit.model import CausalLM
+from labkit.spec_decode.config import SpeculativeConfig
+from labkit.spec_decode.draft_proposer import DraftModelProposer
+from labkit.spec_decode.ngram_proposer import NgramProposer
 
 
 class ContinuousEngine(AsyncEngineCore):
@@ -19,6 +25,20 @@ class ContinuousEngine(AsyncEngineCore):
     name = "continuous"
     config_class = ContinuousConfig
     config: ContinuousConfig
+
+    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
+        super().__init__(model, config)
+        spec = self.config.speculative_config
+        if spec is not None:
+            assert isinstance(spec, SpeculativeConfig)  # made one by ContinuousConfig.__post_init__
+            spec.check_model(model.config.num_hidden_layers)
+            self.scheduler.num_lookahead_tokens = spec.num_speculative_tokens
+            self.rejection_sampler = spec.rejection_sampler_cls()
+            if spec.method == "ngram":
+                self.drafter = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+            else:
+                self.drafter = DraftModelProposer(model, spec.draft_num_layers, self.pool, self.block_manager,
+                                                  resolve_attention_backend(self.config.attention_backend))
 
     @property
     def max_num_batched_tokens(self) -> int:

@@ -19,10 +19,14 @@ from labkit.engine.base import Engine
 from labkit.engine.config import EngineConfig, PagedConfig
 from labkit.engine.kv_sizing import pool_num_blocks
 from labkit.engine.model_runner import ModelRunner
+from labkit.engine.sched.output import SchedulerOutput
 from labkit.engine.sched.scheduler import Scheduler
 from labkit.engine.step import StageClock
 from labkit.model import CausalLM
 from labkit.sequence import Sequence
+from labkit.spec_decode.metrics import SpecDecodingStats
+from labkit.spec_decode.proposer import Proposer
+from labkit.spec_decode.rejection_sampler import RejectionSampler
 
 
 class EngineCore(Engine):
@@ -36,6 +40,9 @@ class EngineCore(Engine):
 
     def __init__(self, model: CausalLM, config: EngineConfig) -> None:
         super().__init__(model, config)
+        self.drafter: Proposer | None = None  # speculative decoding: engines that offer it set these (notebook 13)
+        self.rejection_sampler: RejectionSampler | None = None
+        self.spec_decoding_stats = SpecDecodingStats()
         use_graphs = self.config.use_cuda_graphs(model.device.type)  # enforce_eager=False off CUDA raises here
         if self.config.async_scheduling and not self.supports_async_scheduling:
             raise ValueError(f"async_scheduling=True needs an iteration-level scheduler: use engine 'continuous' or "
@@ -140,6 +147,17 @@ class EngineCore(Engine):
 
     # ---- one synchronous step ----
 
+    def _run_speculative(self, out: SchedulerOutput, clock: StageClock) -> list[tuple[Sequence, list[int]]]:
+        """Propose for the step's decodes, then verify every proposal in the step's one forward pass."""
+        assert self.drafter is not None and self.rejection_sampler is not None
+        with clock.stage("propose"):
+            draft_probs = self.drafter.propose_for_step(out)
+        proposed = {id(s): len(s.spec_token_ids) for s in out.seqs}
+        results = self.runner.run_speculative(out, clock, self.rejection_sampler, draft_probs)
+        for seq, tokens in results:
+            self.spec_decoding_stats.observe(proposed[id(seq)], len(tokens) - 1)
+        return results
+
     def _step(self) -> list[Sequence]:
         clock = StageClock(self.device)
         with clock.stage("schedule"):
@@ -150,15 +168,22 @@ class EngineCore(Engine):
             return []
         num_prefill = out.num_prefill_tokens  # before the runner advances num_computed_tokens
         self._before_forward(out.seqs)
-        results = self.runner.run(out, clock)
+        if self.drafter is not None:  # speculative decoding (notebook 13): 1 to k + 1 tokens per sequence
+            results = self._run_speculative(out, clock)
+        else:
+            results = [(seq, [token]) for seq, token in self.runner.run(out, clock)]
         blocks_in_use = self.block_manager.num_used_blocks  # at the step's peak, before finished ones free theirs
+        num_new_tokens = 0
         with clock.stage("detokenize"):
-            for seq, token in results:
-                seq.append_token(token, clock.last)
-                if seq.is_finished:
-                    self.scheduler.finish_request(seq)
+            for seq, tokens in results:
+                for token in tokens:  # the stop rule sees each token, so a stop mid-way drops the rest
+                    seq.append_token(token, clock.last)
+                    num_new_tokens += 1
+                    if seq.is_finished:
+                        self.scheduler.finish_request(seq)
+                        break
         self.record_step(clock.start, clock.last, clock.times, num_seqs=len(out) + out.num_idle_slots,
-                         num_computed_tokens=out.num_batched_tokens, num_new_tokens=len(results),
+                         num_computed_tokens=out.num_batched_tokens, num_new_tokens=num_new_tokens,
                          num_prefill_tokens=num_prefill, num_idle_slots=out.num_idle_slots,
                          kv_blocks_used=blocks_in_use)
         return [seq for seq, _ in results]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ from labkit.engine.sched.output import SchedulerOutput
 from labkit.engine.step import StageClock
 from labkit.model import CausalLM
 from labkit.sequence import Sequence
+
+if TYPE_CHECKING:
+    from labkit.spec_decode.rejection_sampler import RejectionSampler
 
 
 @dataclass
@@ -44,10 +48,20 @@ class StepInputs:
 
 
 def new_token_ids(seq: Sequence, start: int, n: int) -> list[int]:
-    """Ids of positions start..start+n-1. Under async scheduling the last may still be being sampled by the
-    launched step: it is 0 here and ``ModelRunner.fill_pending`` writes it in before the forward pass."""
+    """Ids of positions start..start+n-1: known tokens, then this step's proposals (speculative decoding). Under
+    async scheduling the last may still be being sampled by the launched step: it is 0 here and
+    ``ModelRunner.fill_pending`` writes it in before the forward pass."""
     ids = seq.token_ids[start : start + n]
+    if len(ids) < n and seq.spec_token_ids:
+        ids += seq.spec_token_ids[: n - len(ids)]
     return ids + [0] * (n - len(ids))
+
+
+def num_logits(seq: Sequence, start: int, n: int) -> int:
+    """Rows of logits this step needs from ``seq``: none while a prefill is unfinished, else one per proposal
+    (speculative decoding, notebook 13) plus the one that yields the next token."""
+    caught_up = start + n == seq.num_tokens + seq.num_pending_tokens + len(seq.spec_token_ids)
+    return 1 + len(seq.spec_token_ids) if caught_up else 0
 
 
 SMALL_BATCH_TOKENS = 8  # below this many tokens the plain loop is cheaper than setting up array arithmetic
@@ -106,8 +120,8 @@ class ModelRunner:
             ids += new_token_ids(seq, start, n)
             positions += range(start, start + n)
             slots += [self.block_manager.slot(seq, p) for p in range(start, start + n)]
-            if start + n == seq.num_tokens + seq.num_pending_tokens:  # caught up: this step yields the next token
-                logits_rows.append(len(ids) - 1)
+            # Caught up: this step yields the next token (after verifying any proposals).
+            logits_rows += range(len(ids) - num_logits(seq, start, n), len(ids))
         host = torch.tensor([ids, positions, slots], dtype=torch.long)  # (3, N): prepare_step moves it in one copy
         meta = PagedAttentionMetadata(
             query_lens=list(batch.num_new_tokens),
@@ -132,7 +146,7 @@ class ModelRunner:
         row = np.repeat(np.arange(len(seqs)), q_len)  # (N,) which sequence each token belongs to
         pos = np.array(starts, dtype=np.int64)[row] + np.arange(len(ids)) - (ends - q_len)[row]  # (N,)
         slots = self.block_manager.slot_mapping(table[row], pos)  # (N,)
-        sampled = np.array([a + n == s.num_tokens + s.num_pending_tokens for s, a, n in zip(seqs, starts, q_lens)])
+        rows_per_seq = np.array([num_logits(s, a, n) for s, a, n in zip(seqs, starts, q_lens)], dtype=np.int64)
         host = torch.from_numpy(np.stack([np.array(ids, dtype=np.int64), pos, slots]))  # (3, N) ids, positions, slots
         meta = PagedAttentionMetadata(
             query_lens=list(q_lens),
@@ -140,7 +154,9 @@ class ModelRunner:
             block_tables=tables,
             slot_mapping=host[2],
         )
-        return host, meta, (ends[sampled] - 1).tolist()
+        if rows_per_seq.max() <= 1:  # no proposals: each sampling sequence's last token
+            return host, meta, (ends[rows_per_seq == 1] - 1).tolist()
+        return host, meta, list(chain.from_iterable(range(e - r, e) for e, r in zip(ends.tolist(), rows_per_seq)))
 
     def graph_rows(self, meta: PagedAttentionMetadata) -> np.ndarray:
         """(B, 1 + W) for a CUDA-graph decode step: each row's context length, then its block table padded with
@@ -170,7 +186,7 @@ class ModelRunner:
         samplers, pending_rows, ends = [], [], 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             ends += n
-            if seq.num_computed_tokens + n == seq.num_tokens + seq.num_pending_tokens:
+            if num_logits(seq, seq.num_computed_tokens, n):
                 samplers.append(seq)
             if seq.num_pending_tokens and seq.num_computed_tokens + n > seq.num_tokens:
                 pending_rows.append((ends - 1, seq))  # its input is the token the launched step is sampling
@@ -191,6 +207,13 @@ class ModelRunner:
     def execute(self, inputs: StepInputs, clock: StageClock) -> list[int]:
         """The device's part of a step: block copies, one forward pass, sampling. Touches no host bookkeeping,
         so async scheduling can run it on a worker thread while the host prepares the next step."""
+        logits = self.forward(inputs, clock)
+        with clock.stage("sample"):
+            samplers = inputs.samplers
+            return sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if samplers else []
+
+    def forward(self, inputs: StepInputs, clock: StageClock) -> torch.Tensor | None:
+        """Block copies and one forward pass: (R, vocab) logits of the sampled rows, or None if none samples."""
         assert not inputs.pending_rows, "fill_pending before execute"
         with clock.stage("forward"):
             self.pool.copy_blocks(inputs.copies)
@@ -201,10 +224,7 @@ class ModelRunner:
                 attention = self.attention_backend(self.pool, meta)
                 hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (1, N, hidden)
             index = inputs.logits_index if inputs.logits_index is not None else rows
-            logits = self.model.compute_logits(hidden[0, index]) if rows else None  # (n_sampled, vocab)
-        with clock.stage("sample"):
-            samplers = inputs.samplers
-            return sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if samplers else []
+            return self.model.compute_logits(hidden[0, index]) if rows else None  # (n_sampled, vocab)
 
     def advance(self, batch: SchedulerOutput) -> None:
         """The step's tokens are computed: move each sequence on and offer its full blocks to the prefix cache."""
@@ -220,6 +240,25 @@ class ModelRunner:
             seq.num_computed_tokens += n
         for seq in inputs.samplers:
             seq.num_pending_tokens = 1
+
+    @torch.inference_mode()
+    def run_speculative(self, batch: SchedulerOutput, clock: StageClock, rejection_sampler: RejectionSampler,
+                        draft_probs: dict[int, torch.Tensor | None]) -> list[tuple[Sequence, list[int]]]:
+        """One step whose decodes carry proposals (notebook 13): one forward pass verifies them all; each sampling
+        sequence gets its accepted proposals plus one token. Rejected proposals are rolled back: they do not count
+        as computed (their K/V slots are overwritten later) and blocks holding only them go back to the pool."""
+        with clock.stage("prepare"):
+            inputs = self.prepare_step(batch)
+        logits = self.forward(inputs, clock)
+        with clock.stage("sample"):
+            tokens = rejection_sampler.verify_batch(logits, inputs.samplers, draft_probs) if inputs.samplers else []
+            rejected = {id(s): len(s.spec_token_ids) - (len(t) - 1) for s, t in zip(inputs.samplers, tokens)}
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n - rejected.get(id(seq), 0)
+                seq.spec_token_ids = []
+                self.block_manager.trim(seq)
+                self.block_manager.cache_full_blocks(seq)
+        return list(zip(inputs.samplers, tokens))
 
     def run(self, batch: SchedulerOutput, clock: StageClock) -> list[tuple[Sequence, int]]:
         """One synchronous step; returns (sequence, sampled token) for sequences that sample this step."""

@@ -43,6 +43,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self.num_preemptions = 0
         self.in_flight: set[int] = set()
+        self.num_lookahead_tokens = 0  # speculative decoding (notebook 13): slots for k proposals per decode
 
     # ---- queues ----
 
@@ -96,9 +97,11 @@ class Scheduler:
         prefill (a chunk, or a recompute). Returns the budget left."""
         # A sequence whose token being sampled is its last needs no further step.
         decodes = [s for s in self.running if s.num_uncomputed_tokens == 1 and not s.pending_token_is_last]
-        for seq in decodes:
-            if seq in self.running and budget >= 1 and self.reserve(seq, 1, out):
-                budget -= 1
+        for i, seq in enumerate(decodes):
+            # Lookahead for speculative decoding, leaving one token of budget for every decode after this one.
+            n = 1 + self.num_lookahead(seq, budget - 1 - (len(decodes) - 1 - i))
+            if seq in self.running and budget >= 1 and self.reserve(seq, n, out):
+                budget -= n
         for seq in [s for s in self.running if s.num_uncomputed_tokens > 1]:
             if seq not in self.running or budget == 0:
                 continue  # preempted a moment ago to make room for an older one
@@ -106,6 +109,16 @@ class Scheduler:
             if self.reserve(seq, n, out):
                 budget -= n
         return budget
+
+    def num_lookahead(self, seq: Sequence, room: int) -> int:
+        """Proposal slots for a decode (notebook 13): ``num_lookahead_tokens``, but never more than ``room`` in the
+        budget, nor more than the request may still emit beyond this step's one token (max_tokens, max_model_len)."""
+        if not self.num_lookahead_tokens:
+            return 0
+        left = seq.max_model_len - seq.num_tokens
+        if seq.params.max_tokens is not None:
+            left = min(left, seq.params.max_tokens - seq.num_output_tokens)
+        return max(0, min(self.num_lookahead_tokens, room, left - 1))
 
     def schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         """Admit waiting requests FCFS while a slot, the budget and free blocks allow; the first that does not
