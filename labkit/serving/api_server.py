@@ -22,13 +22,14 @@ Introduced in notebook 09 (``09_serving_and_metrics``).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from labkit.sequence import Sequence
@@ -61,6 +62,7 @@ from labkit.serving.responses import (
     stream_events,
 )
 from labkit.serving.security import AccessPolicy, add_browser_protection
+from labkit.serving.timings import ServerTimings
 
 NUM_INPUT_THREADS = 2  # tokenizing is CPU work: a few threads keep the event loop free without crowding the engine
 
@@ -78,12 +80,15 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, access: AccessPolicy 
 
     ``access``: the Host/Origin policy (default: this machine only, no browser origins);
     ``max_request_body_bytes``: default ``labkit.serving.limits.default_max_request_body_bytes``.
+    When ``async_llm.timings`` is set (``--record-timings``), ``GET /timings`` returns where the server's time went
+    (``labkit.serving.timings``); otherwise that route answers 404.
     """
     app = FastAPI(title="labkit OpenAI-compatible server")
     llm = async_llm.llm
     app.state.async_llm = async_llm
     app.state.active_requests = active = ActiveRequests()
     metrics = async_llm.metrics
+    timings: ServerTimings | None = async_llm.timings
     if max_request_body_bytes is not None and max_request_body_bytes < 1:
         raise ValueError(f"max_request_body_bytes must be >= 1, got {max_request_body_bytes}")
     body_limit = max_request_body_bytes or default_max_request_body_bytes(llm.max_model_len)
@@ -106,6 +111,12 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, access: AccessPolicy 
                                             "owned_by": "labkit", "root": str(llm.source.name),
                                             "max_model_len": llm.max_model_len}]}
 
+    @app.get("/timings")
+    async def server_timings() -> Response:
+        if timings is None:
+            return Response(status_code=404)
+        return JSONResponse(timings.snapshot())
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         body = metrics.exposition() if metrics is not None else b""
@@ -118,17 +129,33 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, access: AccessPolicy 
 
     def prepare(chat: bool, body: bytes) -> _Prepared:
         """Bytes -> a validated engine request, in a worker thread: every check, then the tokenizer."""
+        if timings is None:
+            return prepare_request(chat, body, None)
+        start = time.perf_counter()
+        spent: list[float] = []  # the tokenizer's share, recorded by prepare_request
+        try:
+            return prepare_request(chat, body, spent)
+        finally:
+            whole = time.perf_counter() - start
+            timings.add("prepare", whole)
+            timings.add("tokenize", sum(spent))
+            timings.add("parse", whole - sum(spent))
+
+    def prepare_request(chat: bool, body: bytes, tokenize_seconds: list[float] | None) -> _Prepared:
         data = decode_json(body)
         limits.check_raw(data)  # before validating or tokenizing what could never fit
         prevalidate_messages(data)
         req = parse_request(ChatCompletionRequest if chat else CompletionRequest, data)
         check_model(req.model)
+        start = time.perf_counter()
         if isinstance(req, ChatCompletionRequest):
             ids = chat_input(req, llm.tokenizer, limits.check_text)
             max_tokens = req.output_limit
         else:
             ids = completion_input(req, llm.tokenizer, llm.model_config.vocab_size)
             max_tokens = (req.max_tokens, "max_tokens")
+        if tokenize_seconds is not None:
+            tokenize_seconds.append(time.perf_counter() - start)
         prompt_field = "messages" if chat else "prompt"
         limit = check_lengths(len(ids), max_tokens[0], llm.max_model_len, prompt_field, max_tokens[1], capacity)
         try:
@@ -146,7 +173,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, access: AccessPolicy 
     async def serve(request: Request, chat: bool) -> Response:
         p = await run_in_thread(prepare, chat, await read_body(request, body_limit))
         if p.req.stream:
-            return AbortingStreamingResponse(stream_events(p.gen, async_llm.generate(p.seq), active),
+            return AbortingStreamingResponse(stream_events(p.gen, async_llm.generate(p.seq), active, timings),
                                              media_type="text/event-stream")
         return await cancel_on_disconnect(request, complete(p.gen, async_llm.generate(p.seq), active))
 

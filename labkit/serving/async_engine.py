@@ -26,52 +26,23 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
 
 from labkit.llm import LLM
 from labkit.metrics.prometheus import EngineState, ServerMetrics
 from labkit.sampling_params import SamplingParams
 from labkit.sequence import FinishReason, Sequence, SequenceStatus
+from labkit.serving.streams import EngineDeadError, TokenDelta, _Command, _Stream
+from labkit.serving.timings import ServerTimings
+
+__all__ = ["HAND_OFFS", "AsyncLLM", "EngineDeadError", "TokenDelta"]
+HAND_OFFS = ("per_token", "per_step")
 
 
-@dataclass(frozen=True)
-class TokenDelta:
-    """One streamed piece of a request: its new token(s), their text, and whether it is done. Notebook 09.
-
-    The engine samples one token per request per step, so ``token_ids`` has one id; ``text`` may be ""
-    (a token that ends mid-character, or text held back while it could still become a stop string).
-    """
-
-    request_id: int
-    token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" once finished
-    num_prompt_tokens: int
-    num_output_tokens: int
-    time: float  # time.perf_counter() when the step produced the token
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread is not running (stopped, or never started). Notebook 09."""
-
-
-@dataclass
-class _Stream:
-    seq: Sequence
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenDelta | BaseException]
-    num_emitted: int = 0
-
-
-@dataclass
-class _Command:
-    kind: str  # "add" | "abort" | "state"
-    stream: _Stream | None = None
-    request_id: int | None = None
-    reply: concurrent.futures.Future[Any] | None = field(default=None, repr=False)
+def _put_all(items: list[tuple[_Stream, TokenDelta | BaseException]]) -> None:
+    for stream, item in items:  # on the consumers' event loop
+        stream.queue.put_nowait(item)
 
 
 class AsyncLLM:
@@ -83,10 +54,15 @@ class AsyncLLM:
         async_llm.shutdown()
     """
 
-    def __init__(self, llm: LLM, metrics: ServerMetrics | None = None, idle_wait: float = 0.05) -> None:
+    def __init__(self, llm: LLM, metrics: ServerMetrics | None = None, idle_wait: float = 0.05,
+                 timings: ServerTimings | None = None, hand_off: str = "per_token") -> None:
+        if hand_off not in HAND_OFFS:
+            raise ValueError(f"hand_off must be one of {HAND_OFFS}, got {hand_off!r}")
+        self.hand_off = hand_off  # how a step's tokens reach the event loop (see _deliver)
         self.llm = llm
         self.llm_engine = llm.llm_engine
         self.metrics = metrics
+        self.timings = timings  # where the engine thread's time goes (``--record-timings``); None: not recorded
         self.idle_wait = idle_wait  # seconds the idle engine thread sleeps between checks for work
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -187,6 +163,8 @@ class AsyncLLM:
                 self._wake.wait(self.idle_wait)  # nothing to do: sleep until a command arrives
                 self._wake.clear()
                 continue
+            num_stats = len(self.llm.engine.step_stats)
+            start = time.perf_counter()
             try:
                 stepped = self.llm_engine.step()  # a failed step's requests come back finished ("error")
             except Exception as exc:  # noqa: BLE001  (an engine that does not contain its faults must not kill the server)
@@ -195,14 +173,19 @@ class AsyncLLM:
                 if self.metrics is not None:
                     self.metrics.update(self._state())
                 continue
+            marks = [start, time.perf_counter()]  # the engine step, then the server's work after it
             self.num_steps += 1
-            if not stepped:  # nothing could be scheduled this step (e.g. waiting for KV blocks)
-                self._wake.wait(0.001)
             ready = self._collect(stepped)
+            marks.append(time.perf_counter())
             if self.metrics is not None:  # before the tokens go out: a client that reads /metrics next sees it
                 self.metrics.update(self._state())
-            for stream, item in ready:
-                self._post(stream, item)
+            marks.append(time.perf_counter())
+            self._deliver(ready)
+            if self.timings is not None:
+                self.timings.record_step(self.llm.engine.step_stats[num_stats:], [*marks, time.perf_counter()],
+                                         [item for _, item in ready])
+            if not stepped:  # nothing could be scheduled this step (e.g. waiting for KV blocks)
+                self._wake.wait(0.001)
 
     def _drain(self) -> None:
         changed = False
@@ -266,11 +249,29 @@ class AsyncLLM:
         return ready
 
     def _post(self, stream: _Stream, item: TokenDelta | BaseException) -> None:
+        self._post_all(stream.loop, [(stream, item)])
+
+    def _post_all(self, loop: asyncio.AbstractEventLoop, items: list[tuple[_Stream, TokenDelta | BaseException]]
+                  ) -> None:
+        """Hand ``items`` to their streams on ``loop``: one wake-up of the loop for all of them."""
         try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        except RuntimeError:  # the consumer's event loop is closed: nobody will read this request
-            if threading.current_thread() is self._thread and not stream.seq.is_finished:
-                self._abort_now(stream.seq.seq_id)
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the consumers' event loop is closed: nobody will read these requests
+            for stream, _ in items:
+                if threading.current_thread() is self._thread and not stream.seq.is_finished:
+                    self._abort_now(stream.seq.seq_id)
+
+    def _deliver(self, ready: list[tuple[_Stream, TokenDelta | BaseException]]) -> None:
+        """A step's deltas to their consumers: one wake-up of the event loop per delta (``hand_off="per_token"``, each a
+        write to the loop's self-pipe), or one per step for all of them (``"per_step"``, notebook 09 measures both)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, TokenDelta | BaseException]]] = {}
+        for stream, item in ready:
+            by_loop.setdefault(stream.loop, []).append((stream, item))
+        batches = [[pair] for pair in ready] if self.hand_off == "per_token" else list(by_loop.values())
+        for items in batches:
+            self._post_all(items[0][0].loop, items)
+        if self.timings is not None:
+            self.timings.add("wake_ups", 0.0, len(batches))
 
     def _fail_all(self, exc: BaseException) -> None:
         """A step raised something other than ``StepFailedError``: nothing is known to be consistent, so

@@ -27,9 +27,10 @@ from labkit.llm import LLM
 from labkit.metrics.prometheus import ServerMetrics
 from labkit.model.source import BUNDLED_MODEL
 from labkit.serving.api_server import build_app
-from labkit.serving.async_engine import AsyncLLM
+from labkit.serving.async_engine import HAND_OFFS, AsyncLLM
 from labkit.serving.security import AccessPolicy, parse_list_option
 from labkit.serving.shutdown import EXIT_CANNOT_START, EXIT_OK, EXIT_REQUESTS_ENDED, GracefulServer
+from labkit.serving.timings import ServerTimings
 
 READY_LINE = "labkit.serving listening on"  # printed once the socket is bound; launchers wait for it
 
@@ -53,6 +54,8 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # browser pages allowed to call the server (vLLM's option)
     max_request_body_bytes: int | None = None  # None: labkit.serving.limits.default_max_request_body_bytes
     timeout_graceful_shutdown: float = 5.0  # seconds running requests get to finish on SIGINT/SIGTERM
+    record_timings: bool = False  # add up where the server's time goes; GET /timings (labkit.serving.timings)
+    hand_off: str = "per_token"  # how a step's tokens reach the event loop (AsyncLLM's hand_off)
 
     @property
     def access(self) -> AccessPolicy:
@@ -62,7 +65,8 @@ class ServerConfig:
 def make_async_llm(config: ServerConfig) -> AsyncLLM:
     llm = LLM(config.model, engine=config.engine, device=config.device, dtype=config.dtype, seed=config.seed,
               **config.engine_options)
-    return AsyncLLM(llm, ServerMetrics(config.served_model_name or config.model))
+    return AsyncLLM(llm, ServerMetrics(config.served_model_name or config.model),
+                    timings=ServerTimings() if config.record_timings else None, hand_off=config.hand_off)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -179,6 +183,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads for the engine")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument("--hand-off", type=lambda v: v.replace("-", "_"), choices=HAND_OFFS, default="per_token",
+                   help="a step's tokens reach the event loop one wake-up each (per-token) or all in one (per-step)")
+    p.add_argument("--record-timings", action="store_true",
+                   help="add up the server's time per part (parse, tokenize, engine step, framing, ...): GET /timings")
     a = p.parse_args(argv)
     options = {k: getattr(a, k) for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                                           "num_gpu_blocks", "scheduler_cls", "block_manager_cls", "attention_backend")
@@ -196,7 +204,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                         engine_options=options, log_level=a.log_level, access_log=a.access_log,
                         allowed_hosts=a.allowed_hosts, allowed_origins=a.allowed_origins,
                         max_request_body_bytes=a.max_request_body_bytes,
-                        timeout_graceful_shutdown=a.timeout_graceful_shutdown)
+                        timeout_graceful_shutdown=a.timeout_graceful_shutdown, record_timings=a.record_timings,
+                        hand_off=a.hand_off)
 
 
 def main(argv: list[str] | None = None) -> None:

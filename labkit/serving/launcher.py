@@ -30,6 +30,7 @@ from labkit.metrics.prometheus import ServerMetrics
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import AsyncLLM
 from labkit.serving.cli import READY_LINE, ServerConfig, bind_socket, make_async_llm, uvicorn_server
+from labkit.serving.timings import ServerTimings
 
 
 def wait_for_health(base_url: str, timeout: float, alive: Any = None) -> None:
@@ -154,8 +155,9 @@ class ServerThread:
                                    **(server_options or {}))
         name = served_model_name or (llm.source.name if llm is not None else model)
         self.served_model_name = name
-        self.async_llm: AsyncLLM = (AsyncLLM(llm, ServerMetrics(name)) if llm is not None
-                                    else make_async_llm(self.config))
+        self.async_llm: AsyncLLM = (AsyncLLM(llm, ServerMetrics(name), hand_off=self.config.hand_off,
+                                             timings=ServerTimings() if self.config.record_timings else None)
+                                    if llm is not None else make_async_llm(self.config))
         self.startup_timeout = startup_timeout
         self.base_url = ""
         self._server: Any = None

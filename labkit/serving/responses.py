@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from labkit.serving.async_engine import EngineDeadError, TokenDelta
 from labkit.serving.protocol import RequestError
+from labkit.serving.timings import ServerTimings
 
 
 class ErrorResponse(JSONResponse):
@@ -121,23 +122,42 @@ class ActiveRequests:
             self.count -= 1
 
 
-async def stream_events(gen: Generation, deltas: AsyncIterator[TokenDelta], active: ActiveRequests
-                        ) -> AsyncIterator[str]:
-    """The server-sent events of one streamed request; always ends with ``data: [DONE]``."""
+async def stream_events(gen: Generation, deltas: AsyncIterator[TokenDelta], active: ActiveRequests,
+                        timings: ServerTimings | None = None) -> AsyncIterator[str]:
+    """The server-sent events of one streamed request; always ends with ``data: [DONE]``.
+
+    With ``timings``, each token's time is split into waiting for it, framing its event and sending it (the web
+    server writes the event before asking for the next), plus its hand-off from the engine thread."""
     last = None
-    with active.track():
-        try:
-            async with contextlib.aclosing(deltas):  # type: ignore[type-var]
-                async for delta in deltas:
-                    last = delta
-                    yield sse(gen.chunk(delta))
-        except EngineDeadError as exc:  # shut down mid-stream: say so in-band
-            yield sse(shutdown_error(exc).body())
-        except Exception as exc:  # the engine failed mid-stream: tell the client in-band, as vLLM does
-            yield sse(generation_error(exc).body())
-    if gen.include_usage and last is not None:
-        yield sse(gen.usage_chunk(last))
-    yield sse("[DONE]")
+    resumed = start = time.perf_counter()
+    try:
+        with active.track():
+            try:
+                async with contextlib.aclosing(deltas):  # type: ignore[type-var]
+                    async for delta in deltas:
+                        last = delta
+                        if timings is None:
+                            yield sse(gen.chunk(delta))
+                            continue
+                        picked = time.perf_counter()
+                        event = sse(gen.chunk(delta))
+                        framed = time.perf_counter()
+                        yield event
+                        timings.add("hand_off", picked - delta.time)
+                        timings.add("wait", picked - resumed)
+                        timings.add("frame", framed - picked)
+                        resumed = time.perf_counter()
+                        timings.add("send", resumed - framed)
+            except EngineDeadError as exc:  # shut down mid-stream: say so in-band
+                yield sse(shutdown_error(exc).body())
+            except Exception as exc:  # the engine failed mid-stream: tell the client in-band, as vLLM does
+                yield sse(generation_error(exc).body())
+        if gen.include_usage and last is not None:
+            yield sse(gen.usage_chunk(last))
+        yield sse("[DONE]")
+    finally:  # also when the client leaves mid-stream
+        if timings is not None:
+            timings.add("stream", time.perf_counter() - start)
 
 
 async def complete(gen: Generation, deltas: AsyncIterator[TokenDelta], active: ActiveRequests) -> Response:
