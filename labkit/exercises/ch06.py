@@ -134,6 +134,27 @@ def prefix_cache_run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tup
     return [o.num_cached_tokens for o in outs], [o.outputs[0].token_ids for o in outs]
 
 
+def count_fault(num_tokens: int, block_size: int, num_hashes: int) -> str:
+    """What is wrong with returning ``num_hashes`` hashes for ``num_tokens`` tokens ('' when the count is right)."""
+    want = num_tokens // block_size
+    if num_hashes == want:
+        return ""
+    partial = num_tokens % block_size
+    head = (f"{num_tokens} tokens in blocks of {block_size} make {want} full block(s): expected {want} hash(es), "
+            f"got {num_hashes}. ")
+    if num_hashes == want + 1 and partial:
+        return head + (f"Your code also hashes the partial last block ({partial} of {block_size} tokens): a block "
+                       "gets a hash only once it is full (its tokens are still arriving); loop over "
+                       "len(token_ids) // self.block_size blocks")
+    if num_hashes == want + 1:
+        return head + ("Your code hashes an empty block after the last full one: loop over "
+                       "len(token_ids) // self.block_size blocks")
+    if num_hashes > want:
+        return head + "Hash each full block once, in order; a partial last block gets no hash"
+    return head + ("Your code misses full blocks: a block is full when it holds block_size tokens, including the "
+                   "last one when len(token_ids) is a multiple of block_size")
+
+
 def check_block_hashes(cls: type[BlockManager], model: str = "labkit-tiny", max_tokens: int = 6) -> CheckResult:
     """Task 2: ``cls(...).block_hashes(token_ids)`` is the chained hash of every full block of ``token_ids``."""
     from labkit import LLM
@@ -144,24 +165,41 @@ def check_block_hashes(cls: type[BlockManager], model: str = "labkit-tiny", max_
         def hashes(token_ids: list[int], block_size: int) -> list[int]:
             return cls_(num_blocks=8, block_size=block_size).block_hashes(list(token_ids))
 
-        got = hashes([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+        # How many hashes first: a wrong count (the partial last block hashed, or a full one missed) would otherwise
+        # show up as every later check failing, and send the learner to the chaining, which may well be right.
+        for ids, bs in (([1, 2, 3, 4, 5, 6, 7, 8, 9], 4), (list(range(8)), 4), ([1, 2, 3], 4), ([], 4),
+                        (list(range(7)), 3)):
+            got = hashes(ids, bs)
+            if not isinstance(got, list):
+                check.expect(False, f"block_hashes must return a list (one hash per full block), got {got!r}")
+                return
+            fault = count_fault(len(ids), bs, len(got))
+            if fault:
+                check.expect(False, fault)
+                break
+
+        def full(token_ids: list[int], block_size: int) -> list[int]:
+            """The learner's hashes of the full blocks only, so a count fault reported above is not reported again."""
+            return hashes(token_ids, block_size)[: len(token_ids) // block_size]
+
+        got = full([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
         h0 = hash_block(None, (1, 2, 3, 4))
-        check.expect(isinstance(got, list) and len(got) == 2,
-                     f"9 tokens in blocks of 4 make 2 full blocks (the 9th token's block is not full): "
-                     f"expected 2 hashes, got {got!r}")
-        check.expect(list(got[:1]) == [h0], "the first block's hash is hash_block(None, (1, 2, 3, 4)): "
-                     "no parent, and its tokens as a tuple")
-        check.expect(got == [h0, hash_block(h0, (5, 6, 7, 8))],
-                     "the second block's hash is hash_block(<first block's hash>, (5, 6, 7, 8))")
-        check.expect(hashes([1, 2, 3], 4) == [], "fewer tokens than one block: no hash at all")
-        check.expect(len(hashes(list(range(8)), 4)) == 2, "8 tokens in blocks of 4: both blocks are full")
-        a, b = hashes([1, 2, 3, 4, 5, 6, 7, 8], 4), hashes([0, 2, 3, 4, 5, 6, 7, 8], 4)
-        check.expect(len(a) == len(b) == 2 and a[1] != b[1],
-                     "the same tokens after a different prefix must hash differently: chain each hash to its parent")
+        if got[:1] != [h0]:
+            check.expect(False, "the first block's hash is hash_block(None, (1, 2, 3, 4)): no parent, and its "
+                         f"tokens as a tuple; got {got[:1]!r}")
+        elif got[1:] == [hash_block(None, (5, 6, 7, 8))]:
+            check.expect(False, "the second block's hash ignores the first: chain each hash to its parent, "
+                         "hash_block(<first block's hash>, (5, 6, 7, 8))")
+        elif got[1:] != [hash_block(h0, (5, 6, 7, 8))]:
+            check.expect(False, "the second block's hash is hash_block(<first block's hash>, (5, 6, 7, 8))")
+        a, b = full([1, 2, 3, 4, 5, 6, 7, 8], 4), full([0, 2, 3, 4, 5, 6, 7, 8], 4)
+        if not check.result.failures:
+            check.expect(a[1:] != b[1:], "the same tokens after a different prefix must hash differently: chain "
+                         "each hash to its parent")
         rng = random.Random(0)
-        for _ in range(20):
+        for _ in range(0 if check.result.failures else 20):
             ids, bs = [rng.randrange(2048) for _ in range(rng.randrange(40))], rng.choice([1, 3, 16])
-            if hashes(ids, bs) != BlockManager(num_blocks=8, block_size=bs).block_hashes(ids):
+            if full(ids, bs) != BlockManager(num_blocks=8, block_size=bs).block_hashes(ids):
                 check.expect(False, f"{len(ids)} random tokens, block_size {bs}: hashes differ from labkit's")
                 break
         if check.result.failures:

@@ -21,12 +21,14 @@ Introduced in notebook 10 (``10_profiling_host_overhead``).
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,29 @@ class EngineProfile:
     def analyze(self, device_stages: Seq[str] = ("forward",)) -> TraceAnalysis:
         """The per-step breakdown and device idle time (``labkit.profiling.trace_analysis``)."""
         return analyze_trace(self.events, self.device_type, device_stages)
+
+
+@contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Send what native code writes to file descriptor 2 to /dev/null while the block runs.
+
+    The profiler's C++ side (Kineto) logs ``USDT: ... profiler_start`` and ``profiler_stop`` straight to the
+    process's stderr, below Python, so a notebook shows two such lines per profiled run. Python's own ``sys.stderr``
+    (warnings, tracebacks) is untouched in a notebook, where it is not file descriptor 2.
+    """
+    try:
+        sys.stderr.flush()
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        pass
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _run_name(logdir: Path, wanted: str) -> str:
@@ -139,9 +164,16 @@ def profile_engine(
     t0 = time.perf_counter()
     # A schedule that always records makes the profiler mark each step (ProfilerStep#N), so TensorBoard's
     # overview breaks the run down by engine step; the trace is written once, when the block ends.
-    with profile(activities=activities, record_shapes=record_shapes, with_stack=with_stack,
-                 schedule=lambda step: ProfilerAction.RECORD, on_trace_ready=handler) as prof:
+    # The profiler's start and stop log to the process's stderr from C++: kept out of the learner's view.
+    prof = profile(activities=activities, record_shapes=record_shapes, with_stack=with_stack,
+                   schedule=lambda step: ProfilerAction.RECORD, on_trace_ready=handler)
+    with native_stderr_silenced():
+        prof.__enter__()
+    try:
         texts = drive(llm, prompts, plist, before_step=prof.step)
+    finally:
+        with native_stderr_silenced():
+            prof.__exit__(None, None, None)  # stops the profiler and writes the trace
     wall = time.perf_counter() - t0
     written = sorted(set(run_dir.glob(f"*{TRACE_SUFFIX}")) - before)
     if len(written) != 1:

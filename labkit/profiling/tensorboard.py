@@ -6,7 +6,10 @@ bound to 127.0.0.1 on a port the OS picks, waits until it answers, and ``stop()`
 ``/data/plugin/pytorch_profiler/``: ``runs`` (the run folders it has found), ``views?run=``,
 ``workers?run=&view=``, ``spans?run=&worker=`` and ``overview?run=&worker=&span=`` (what the
 browser UI draws). Reading those endpoints needs no browser and no internet; the plugin's browser UI
-does (it fetches its chart library online).
+does: its pages fetch their chart library from the internet, so offline the profiler tab spins forever.
+Offline, open the trace file in Chrome's built-in trace viewer (``chrome://tracing``, Load) or look at
+``labkit.profiling.timeline`` in the notebook. The plugin loads runs one by one in the background:
+``wait_for_runs(runs_on_disk(logdir))`` waits until it lists them all.
 
 In a notebook, ``%load_ext tensorboard`` then ``%tensorboard --logdir <logdir> --host 127.0.0.1``
 embeds the same UI.
@@ -34,6 +37,13 @@ PLUGIN = "pytorch_profiler"
 READY = re.compile(r"TensorBoard \S+ at (http://[^\s/]+)/")
 # Requests go straight to the local server, never through a proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def runs_on_disk(logdir: str | Path) -> list[str]:
+    """The run folders under ``logdir`` that hold a trace, as TensorBoard names them (paths relative to logdir)."""
+    root = Path(logdir)
+    folders = {p.parent for p in root.rglob("*.pt.trace.json*")}
+    return sorted(str(f.relative_to(root)) for f in folders)
 
 
 class TensorBoardServer:
@@ -146,6 +156,16 @@ class TensorBoardServer:
             time.sleep(0.5)
         raise TimeoutError(f"the profiler plugin did not list run {run!r} within {timeout:.0f} s; it has "
                            f"{self.runs()}")
+
+    def wait_for_runs(self, runs: list[str], timeout: float = 60.0) -> list[str]:
+        """Wait until the plugin lists every run in ``runs`` (it loads them one by one, in the background); return
+        the ones still missing when ``timeout`` s have passed (empty when all are loaded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = [r for r in runs if r not in set(self.runs())]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(0.5)
 
     def workers(self, run: str, view: str = "Overview") -> list[str]:
         return list(self.plugin("workers", run=run, view=view))

@@ -1,7 +1,8 @@
-"""The workbook's shared plots: the roofline, batch slots and tokens, the Gantt chart; the colours every plot uses.
+"""The workbook's shared plots: the roofline, batch slots and tokens; the colours every plot uses.
 
-Introduced in notebook 00 (``00_setup_and_hardware``: ``plot_roofline``; one request's plots of notebook 01
-are in ``request_plots``). Notebook 04 places measured engine steps on the roofline with
+Introduced in notebook 00 (``00_setup_and_hardware``: ``plot_roofline``; one request's plots of notebook 01 and
+notebook 07's Gantt chart are in ``request_plots``). Notebook 03 adds ``plot_kv_memory``, notebook 06
+``plain_count_ticks``. Notebook 04 places measured engine steps on the roofline with
 ``plot_roofline(roof, points=...)``. Notebook 05 (``05_static_batching``) adds
 ``plot_slot_occupancy`` and ``plot_token_breakdown``, which notebook 07 reuses. Every function draws on
 ``ax`` (a new figure if None) and returns it.
@@ -14,10 +15,11 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.axis import Axis
 from matplotlib.colors import ListedColormap
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import EngFormatter
+from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFormatter
 
 from labkit.analysis.batching import SlotOccupancy, TokenCounts
 from labkit.analysis.hardware import DeviceRoof
@@ -43,6 +45,15 @@ def _eng(value: float, unit: str) -> str:
 
 def _intensity(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def plain_count_ticks(axis: Axis, values: Sequence[float] | None = None) -> None:
+    """Label a log-scaled axis with plain counts (1, 2, 4, ..., 2,048) instead of powers (2⁰ ... 2¹¹), at ``values``
+    when given (matplotlib's own ticks otherwise). Notebook 06 (``06_paged_attention``)."""
+    if values is not None:
+        axis.set_major_locator(FixedLocator(list(values)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def new_ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
@@ -188,60 +199,32 @@ def plot_token_breakdown(counts: Mapping[str, TokenCounts], ax: Axes | None = No
     return ax
 
 
-# ---- notebook 07 (07_continuous_batching), reused in 08: requests over time ----
+def plot_kv_memory(weights: float, kv_cache: float, kv_cache_mha: float, title: str, ax: Axes | None = None) -> Axes:
+    """Notebook 03's KV-memory calculator: the weights, the KV cache as built (GQA) and without GQA, in bytes.
 
-from typing import TYPE_CHECKING  # noqa: E402  (kept with the function that needs it)
-
-if TYPE_CHECKING:
-    from labkit.metrics.summary import GanttRow
-
-GANTT_COLORS: dict[str, str] = {
-    "waiting (queued)": "#d9d9d9",
-    "prefill (until the first token)": PHASE_COLORS["prefill"],
-    "decode": PHASE_COLORS["decode"],
-    "idle slot (finished, batch still running)": "#fdae6b",
-}
-
-
-def plot_gantt(rows: Sequence[GanttRow], ax: Axes | None = None, unit: str = "step", title: str | None = None,
-               max_rows: int = 64) -> Axes:
-    """Gantt chart, one row per request (``labkit.metrics.summary.gantt_rows``), first arrival at the top.
-
-    Each row shows the request waiting in the queue, its prefill (first scheduled -> first token), its
-    decode, and, under static batching, its slot held idle after it finished until its batch ended
-    (hatched). ``unit``: "step" (engine steps; rows need step indices) or "time" (ms since the first
-    arrival). At most ``max_rows`` requests are drawn (the first to arrive).
+    Robust for every input the widget allows: the axes, tick labels and x label are always drawn, in one unit chosen
+    from the largest bar (B ... TiB), with room for each bar's label; a zero or sub-pixel bar still gets its label.
     """
-    if unit not in ("step", "time"):
-        raise ValueError(f"unit must be 'step' or 'time', got {unit!r}")
-    ax = new_ax(ax, (10, 0.5 + 0.22 * min(len(rows), max_rows)))
-    shown = sorted(rows, key=lambda r: (r.arrival, r.index))[:max_rows]
-    if unit == "step" and any(r.first_scheduled_step is None for r in shown):
-        raise ValueError("these Gantt rows have no step indices; pass step_stats to gantt_rows or use unit='time'")
-    names = list(GANTT_COLORS)
-    spans: dict[str, list[tuple[int, list[tuple[float, float]]]]] = {n: [] for n in names}
-    for y, r in enumerate(shown):
-        if unit == "step":  # a step index covers [i, i + 1): a token produced in step i ends its bar at i + 1
-            assert r.first_token_step is not None and r.finish_step is not None and r.slot_release_step is not None
-            edges = [r.arrival_step, r.first_scheduled_step, r.first_token_step + 1, r.finish_step + 1,
-                     r.slot_release_step + 1]
-        else:
-            edges = [t * 1e3 for t in (r.arrival, r.first_scheduled, r.first_token, r.finish, r.slot_release)]
-        for name, (a, b) in zip(names, zip(edges, edges[1:])):
-            if b > a:
-                spans[name].append((y, [(a, b - a)]))
-    for name in names:
-        hatch = "////" if name.startswith("idle") else None
-        for k, (y, bars) in enumerate(spans[name]):
-            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=GANTT_COLORS[name], edgecolor="white" if hatch else None,
-                           hatch=hatch, lw=0, label=name if k == 0 else None)
-    ax.set_ylim(len(shown) - 0.5, -0.5)  # first arrival on top
-    ax.set_yticks(range(len(shown)) if len(shown) <= 32 else range(0, len(shown), 4))
-    ax.set_ylabel("request (by arrival)")
-    ax.set_xlabel("engine step" if unit == "step" else "time since the first arrival (ms)")
-    ax.set_xlim(left=0)
+    from labkit.analysis.units import human_bytes
+
+    ax = new_ax(ax, (9, 2.8))
+    values = np.array([weights, kv_cache, kv_cache_mha], dtype=float)
+    if not np.isfinite(values).all() or (values < 0).any():
+        raise ValueError(f"byte counts must be finite and non-negative, got {values.tolist()}")
+    largest = max(values.max(), 1.0)
+    scale, unit = next((s, u) for s, u in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+                       if largest >= s)
+    names = ["weights", "KV cache (GQA, as built)", "KV cache without GQA"]
+    y = np.arange(len(names))
+    bars = ax.barh(y, values / scale, color=["tab:gray", "tab:blue", "tab:orange"])
+    ax.bar_label(bars, [human_bytes(v) for v in values], padding=4)
+    ax.set_yticks(y, names)
+    ax.set_xlim(0, largest / scale * 1.35)  # room on the right for the largest bar's label
+    ax.set_ylim(len(names) - 0.5, -0.5)  # first bar on top
+    ax.set_xlabel(f"memory ({unit})")
+    ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
-    if title is not None:
-        ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.set_axis_on()
+    for spine in ax.spines.values():
+        spine.set_visible(True)
     return ax

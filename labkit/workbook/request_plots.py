@@ -1,18 +1,22 @@
-"""Where one request's time goes: per-token latencies, the stage breakdown, and the request's timeline.
+"""Where requests' time goes: one request's per-token latencies, stage breakdown and timeline; many requests' Gantt.
 
-Introduced in notebook 01 (``01_anatomy_of_a_request``). Every function draws on ``ax`` (a new figure if
-None) and returns it.
+Introduced in notebook 01 (``01_anatomy_of_a_request``); ``plot_gantt`` in notebook 07 (``07_continuous_batching``),
+reused in 08. Every function draws on ``ax`` (a new figure if None) and returns it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.axes import Axes
 
 from labkit.profiling.request_trace import RequestTrace
 from labkit.workbook.plots import PHASE_COLORS, STAGE_COLORS, new_ax
+
+if TYPE_CHECKING:
+    from labkit.metrics.summary import GanttRow
 
 
 def plot_token_latencies(traces: RequestTrace | Mapping[str, RequestTrace], ax: Axes | None = None,
@@ -115,4 +119,76 @@ def plot_request_timeline(trace: RequestTrace, stream_times: Sequence[float] | N
                  + (", stream deltas (bottom)" if stream_times else ""))
     ax.legend(fontsize=8, ncols=len(spans), loc="lower right")
     ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+# ---- notebook 07 (07_continuous_batching), reused in 08: many requests over time ----
+
+GANTT_COLORS: dict[str, str] = {
+    "waiting (queued)": "#d9d9d9",
+    "prefill (until the first token)": PHASE_COLORS["prefill"],
+    "decode": PHASE_COLORS["decode"],
+    "idle slot (finished, batch still running)": "#fdae6b",
+}
+PREFILL = "prefill (until the first token)"
+# A prefill often lasts one step of hundreds: drawn to scale it is a bar under a pixel wide. It is drawn at least
+# this share of the x axis wide, over the start of its decode.
+MIN_VISIBLE_WIDTH = 0.006
+
+
+def gantt_spans(rows: Sequence[GanttRow], unit: str = "step", min_visible: float = MIN_VISIBLE_WIDTH
+                ) -> dict[str, list[tuple[int, float, float]]]:
+    """Each phase's bars as (row, start, width): the rows in the given order, in steps or ms since the first
+    arrival. A prefill bar narrower than ``min_visible`` of the chart's extent is widened to it (never narrowed)."""
+    if unit not in ("step", "time"):
+        raise ValueError(f"unit must be 'step' or 'time', got {unit!r}")
+    if unit == "step" and any(r.first_scheduled_step is None for r in rows):
+        raise ValueError("these Gantt rows have no step indices; pass step_stats to gantt_rows or use unit='time'")
+    spans: dict[str, list[tuple[int, float, float]]] = {name: [] for name in GANTT_COLORS}
+    all_edges = []
+    for y, r in enumerate(rows):
+        if unit == "step":  # a step index covers [i, i + 1): a token produced in step i ends its bar at i + 1
+            assert r.first_token_step is not None and r.finish_step is not None and r.slot_release_step is not None
+            edges = [r.arrival_step, r.first_scheduled_step, r.first_token_step + 1, r.finish_step + 1,
+                     r.slot_release_step + 1]
+        else:
+            edges = [t * 1e3 for t in (r.arrival, r.first_scheduled, r.first_token, r.finish, r.slot_release)]
+        all_edges.append(edges)
+        for name, (a, b) in zip(GANTT_COLORS, zip(edges, edges[1:])):
+            if b > a:
+                spans[name].append((y, float(a), float(b - a)))
+    extent = max((max(e) for e in all_edges), default=0.0)
+    floor = min_visible * extent
+    spans[PREFILL] = [(y, a, max(w, floor)) for y, a, w in spans[PREFILL]]
+    return spans
+
+
+def plot_gantt(rows: Sequence[GanttRow], ax: Axes | None = None, unit: str = "step", title: str | None = None,
+               max_rows: int = 64, min_visible: float = MIN_VISIBLE_WIDTH) -> Axes:
+    """Gantt chart, one row per request (``labkit.metrics.summary.gantt_rows``), first arrival at the top.
+
+    Each row shows the request waiting in the queue, its prefill (first scheduled -> first token), its
+    decode, and, under static batching, its slot held idle after it finished until its batch ended
+    (hatched). ``unit``: "step" (engine steps; rows need step indices) or "time" (ms since the first
+    arrival). At most ``max_rows`` requests are drawn (the first to arrive). A prefill is drawn at least
+    ``min_visible`` of the x axis wide (over the start of its decode), so a one-step prefill stays visible.
+    """
+    shown = sorted(rows, key=lambda r: (r.arrival, r.index))[:max_rows]
+    spans = gantt_spans(shown, unit, min_visible)  # bad input raises before a figure is made
+    ax = new_ax(ax, (10, 0.5 + 0.22 * len(shown)))
+    for name in GANTT_COLORS:  # the prefill after waiting, before the decode it may overlap: drawn on top
+        hatch = "////" if name.startswith("idle") else None
+        for k, (y, a, w) in enumerate(spans[name]):
+            ax.broken_barh([(a, w)], (y - 0.4, 0.8), facecolors=GANTT_COLORS[name],
+                           edgecolor="white" if hatch else None, hatch=hatch, lw=0,
+                           zorder=3 if name == PREFILL else 2, label=name if k == 0 else None)
+    ax.set_ylim(len(shown) - 0.5, -0.5)  # first arrival on top
+    ax.set_yticks(range(len(shown)) if len(shown) <= 32 else range(0, len(shown), 4))
+    ax.set_ylabel("request (by arrival)")
+    ax.set_xlabel("engine step" if unit == "step" else "time since the first arrival (ms)")
+    ax.set_xlim(left=0)
+    ax.grid(True, axis="x", alpha=0.3)
+    if title is not None:
+        ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return ax

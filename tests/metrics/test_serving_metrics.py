@@ -17,7 +17,7 @@ from labkit.metrics.request import RequestMetrics  # noqa: E402
 from labkit.metrics.stats import Percentiles  # noqa: E402
 from labkit.metrics.summary import gantt_rows, run_duration, run_workload, summarize  # noqa: E402
 from labkit.outputs import CompletionOutput, RequestOutput  # noqa: E402
-from labkit.workbook.plots import plot_gantt  # noqa: E402
+from labkit.workbook.request_plots import plot_gantt  # noqa: E402
 
 
 def output(arrival: float, scheduled: float, token_times: list[float], num_prompt: int) -> RequestOutput:
