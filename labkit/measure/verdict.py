@@ -41,7 +41,15 @@ class Verdict:
         return self.text
 
 
-def _outcome(ratios: Sequence[float]) -> Outcome:
+def favour(claimed_larger: float, other: float) -> float:
+    """claimed_larger / other, where zeros mean what they say: 0 vs 0 is a tie (1.0), x vs 0 an infinite lead."""
+    if other == 0:
+        return 1.0 if claimed_larger == 0 else float("inf") if claimed_larger > 0 else 0.0
+    return claimed_larger / other
+
+
+def outcome_of(ratios: Sequence[float]) -> Outcome:
+    """The claim's outcome from its round ratios (> 1: the claim's direction)."""
     if all(r > 1 + TIE for r in ratios):
         return "holds"
     if all(r < 1 - TIE for r in ratios):
@@ -67,8 +75,8 @@ def compare(rounds: Rounds, better: str, other: str, metric: str, higher_is_bett
             unit: str = "", fmt: str = ".1f", why_not: str = "") -> Verdict:
     """Check the claim "``better`` beats ``other`` on ``metric``" round by round."""
     a, b = rounds.get(better, metric), rounds.get(other, metric)
-    ratios = [(x / y if higher_is_better else y / x) if min(x, y) > 0 else float("inf") for x, y in zip(a, b)]
-    outcome = _outcome(ratios)
+    ratios = [favour(x, y) if higher_is_better else favour(y, x) for x, y in zip(a, b)]
+    outcome = outcome_of(ratios)
     med = statistics.median(ratios)
     spread = f"; rounds {min(ratios):.2f}x-{max(ratios):.2f}x"
     text = (f"{MARK[outcome]} {claim}: {better} {statistics.median(a):{fmt}} vs {other} "
@@ -88,8 +96,8 @@ def trend(xs: Sequence[float], rounds_per_x: Sequence[Sequence[float]], expect: 
                          f"and {len(rounds_per_x)} lists")
     first, last = rounds_per_x[0], rounds_per_x[-1]
     sign = 1 if expect == "rises" else -1
-    ratios = [(y / x) ** sign if min(x, y) > 0 else float("inf") for x in first for y in last]
-    outcome = _outcome(ratios)  # every (first round, last round) pair must agree
+    ratios = [favour(y, x) if sign > 0 else favour(x, y) for x in first for y in last]
+    outcome = outcome_of(ratios)  # every (first round, last round) pair must agree
     medians = [statistics.median(r) for r in rounds_per_x]
     path = ", ".join(f"{x:g}{x_label}: {m:{fmt}}" for x, m in zip(xs, medians))
     steps = [b - a for a, b in zip(medians, medians[1:])]
@@ -99,7 +107,7 @@ def trend(xs: Sequence[float], rounds_per_x: Sequence[Sequence[float]], expect: 
               f"rounds {min(ratios):.2f}x-{max(ratios):.2f}x in the claim's favour)")
     text = (f"{MARK[outcome]} {claim}: medians {path} {unit}".rstrip() + bumpy + ranges
             + _explain(outcome, why_not, rounds))
-    med = (medians[-1] / medians[0]) ** sign if min(medians[0], medians[-1]) > 0 else float("inf")
+    med = favour(medians[-1], medians[0]) if sign > 0 else favour(medians[0], medians[-1])
     return Verdict(claim, outcome, med, (min(ratios), max(ratios)), text)
 
 
@@ -112,21 +120,37 @@ def signed_change(value: float, base: float, higher_is_better: bool, what: str) 
     return f"{'costs' if worse else 'gains'} {abs(change):.1f}% of {what}"
 
 
-_NUM = r"(-?\d+(?:\.\d+)?)"
+_NUM = r"(inf|-?\d+(?:\.\d+)?)"
 
 
 def audit(printed: str) -> list[str]:
     """Every printed verdict line whose mark disagrees with the numbers printed in it (empty: all consistent).
 
     Reads text as a notebook printed it (every verdict prints the range of its round ratios, oriented so > 1 is the
-    claim's direction), so a notebook's saved output can be checked without re-running it.
+    claim's direction), so a notebook's saved output can be checked without re-running it. A verdict on exact counts
+    says "(exact"; a claim of two parts says "(both parts below)" and must hold only if both do.
     """
     problems = []
     slack = 0.01  # printed figures are rounded
-    for line in printed.splitlines():
+    summary: tuple[str, str, list[str]] | None = None  # a "(both parts below)" line: its mark and its parts' marks
+    for line in printed.splitlines() + [""]:
         mark = next((m for m in MARK.values() if line.lstrip().startswith(m)), None)
+        if summary is not None and (mark is None or len(summary[2]) == 2):
+            smark, sline, parts = summary
+            want = (MARK["holds"] if parts and all(p == MARK["holds"] for p in parts) else
+                    MARK["contradicted"] if MARK["contradicted"] in parts else MARK["too close to call"])
+            if len(parts) != 2 or smark != want:
+                problems.append(f"mark {smark} disagrees with its parts {parts}: {sline.strip()}")
+            summary = None
         if mark is None:
             continue
+        if "(both parts below)" in line:
+            summary = (mark, line, [])
+            continue
+        if summary is not None:
+            summary[2].append(mark)
+        if re.search(r"\([^)]*\bexact\b", line):
+            continue  # counted, not timed: the same in every round, nothing to audit against rounds
         pair = re.search(rf"rounds {_NUM}x-{_NUM}x", line)
         if not pair:
             problems.append(f"verdict without its round figures: {line.strip()}")

@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-SPIN = "import time\nend = time.time() + 300  # never outlive a killed test run by long\nwhile time.time() < end:\n    pass"
+SPIN = "import time\nend = time.time() + 300\nwhile time.time() < end:\n    pass"  # never outlives a killed run by long
 
 
 def start_unrelated_spinner() -> int:

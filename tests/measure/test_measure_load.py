@@ -84,17 +84,19 @@ def test_a_real_spinning_process_makes_the_machine_busy(capsys: pytest.CaptureFi
 
 
 def test_this_process_children_count_as_its_own_work() -> None:
-    """A notebook's servers and workers are its own work, not a neighbour: a spinning child is not load."""
+    """A notebook's servers and workers are its own work, not a neighbour: a spinning child adds no load."""
+    before = measure_load(1.0)  # whatever else this machine runs, measured the same way
     child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n    time.perf_counter()"])
     try:
         deadline = time.perf_counter() + 20
         while psutil.Process(child.pid).cpu_times().user < 0.3 and time.perf_counter() < deadline:
             time.sleep(0.1)
-        own_before = sum(p.cpu_times().user for p in psutil.Process().children(recursive=True))
-        report = measure_load(1.0)
-        own_after = sum(p.cpu_times().user for p in psutil.Process().children(recursive=True))
+        own_before = psutil.Process(child.pid).cpu_times().user
+        during = measure_load(1.0)
+        own_after = psutil.Process(child.pid).cpu_times().user
     finally:
         child.kill()
         child.wait()
     assert own_after - own_before > 0.5  # the child did spin during the sample
-    assert report.others_cores < (own_after - own_before) - 0.3  # ... and was not counted as another program's
+    # counted as another program's, it would add about one core to what the machine's other programs use
+    assert during.others_cores < before.others_cores + 0.5 * (own_after - own_before)

@@ -99,3 +99,28 @@ def test_audit_accepts_what_compare_and_trend_print_and_catches_a_planted_mismat
     assert len(problems) == 1 and "disagrees with rounds 0.820x-0.930x" in problems[0]
     assert audit("[too close to call] faster: rounds 1.50x-1.60x") != []
     assert audit("[holds] faster, trust me") == ["verdict without its round figures: [holds] faster, trust me"]
+
+
+def test_audit_skips_exact_counts_and_checks_two_part_claims_against_their_parts() -> None:
+    assert audit("[holds] the useful share falls: 100% -> 54% (token counts: exact, the same in every round)") == []
+    two = ("[too close to call] a two-part claim (both parts below):\n"
+           "   [holds] part one (rounds 1.20x-1.30x of the bar)\n"
+           "   [too close to call] part two (rounds 0.90x-1.40x in the claim's favour)")
+    assert audit(two) == []
+    assert audit(two.replace("[too close to call] a two", "[holds] a two")) != []
+
+
+def test_zeros_are_a_tie_not_a_win() -> None:
+    """Two systems that both served nothing within the SLOs: no direction (once printed as an infinite win)."""
+    r = Rounds()
+    for a, b in [(0.0, 0.0), (0.0, 0.0)]:
+        r.add("disaggregated", {"seconds": 1.0, "goodput": a})
+        r.add("chunked", {"seconds": 1.0, "goodput": b})
+    v = compare(r, "disaggregated", "chunked", "goodput", True, "more requests within the SLOs")
+    assert v.outcome == "too close to call" and audit(v.text) == []
+    r.add("x", {"seconds": 1.0, "goodput": 2.0})
+    r.add("x", {"seconds": 1.0, "goodput": 3.0})
+    win = compare(r, "x", "chunked", "goodput", True, "x serves more")
+    assert win.holds and "rounds infx-infx" in win.text and audit(win.text) == []
+    lose = compare(r, "chunked", "x", "goodput", True, "chunked serves more")
+    assert lose.outcome == "contradicted" and audit(lose.text) == []

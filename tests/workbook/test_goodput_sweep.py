@@ -11,7 +11,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from labkit.bench import BenchResult  # noqa: E402
-from labkit.measure import LoadReport  # noqa: E402
+from labkit.measure import (
+    LoadReport,  # noqa: E402
+    audit,  # noqa: E402
+)
 from labkit.metrics.benchmark import RequestRecord, calculate_metrics  # noqa: E402
 from labkit.workbook.goodput_sweep import baseline_slos, goodput_verdict, plot_sweep  # noqa: E402
 
@@ -53,22 +56,27 @@ def test_holds_when_goodput_equals_throughput_below_and_falls_past_the_knee() ->
     assert v.outcome == "holds" and v.text.startswith("[holds]")
     assert "Likely reason" not in v.text
     assert "3.00, 4.00 per round" in v.text and "10.00, 10.00 at 1.00 req/s" in v.text  # the best median
-    assert "at least 100% of the requests met the SLOs" in v.text
+    assert "at least 90% of the requests meet the SLOs: 100%-100% did" in v.text
+    assert audit(v.text) == []  # both parts' marks agree with their printed rounds, and the summary with both
 
 
 def test_a_noisy_low_rate_run_is_named_with_its_reason() -> None:
     load = LoadReport(cpu_count=2, others_cores=1.0, load_avg_1m=2.0, sample_s=0.5)
     v = goodput_verdict(FACTORS, sweep([3, 4], low_misses=3), SLOS, load=load)
-    assert v.outcome == "contradicted" and v.text.startswith("[does NOT hold here]")
+    # one round below the bar, the other above it: the rounds disagree
+    assert v.outcome == "too close to call" and v.text.startswith("[too close to call]")
     assert "at 1.00 req/s (round 2) only 70% of the requests met the SLOs" in v.text
     assert "noisy neighbour" in v.text and "under load" in v.text
+    assert audit(v.text) == []
 
 
 def test_goodput_that_does_not_fall_is_too_close_or_contradicted() -> None:
     close = goodput_verdict(FACTORS, sweep([3, 10]), SLOS)  # one round fell, the other did not
     assert close.outcome == "too close to call" and "few requests per run" in close.text
-    rising = goodput_verdict(FACTORS, sweep([10, 10]), SLOS)
+    rising = goodput_verdict(FACTORS, sweep([12, 13]), SLOS)  # above the best lower rate in every round
     assert rising.outcome == "contradicted"
+    assert audit(close.text) == [] and audit(rising.text) == []
+    assert audit(rising.text.replace("[does NOT hold here]", "[holds]", 1)) != []  # a summary its parts contradict
 
 
 def test_the_goodput_function_given_is_the_one_used() -> None:
