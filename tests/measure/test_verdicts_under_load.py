@@ -1,7 +1,7 @@
 """The notebooks' comparisons, at smoke size, under an artificial load: every printed verdict agrees with the numbers
 printed beside it, whichever way the busy machine tips the measurement.
 
-A neighbour process (not a child of the test: see conftest.py) spins on one core for the whole module, as a
+A neighbour process (not a child of the test: see busy_neighbour.py) spins on one core for the whole module, as a
 classroom laptop's video call would. Each comparison is the one a notebook concludes from (03: KV cache vs naive;
 05/07: continuous vs static; 06: prefix caching; 07: preemption), measured with ``labkit.measure`` as the notebooks
 do; the test reads the *printed* verdict back (``audit``): "[holds]" only when every round favoured the claim,
@@ -10,10 +10,15 @@ do; the test reads the *printed* verdict back (``audit``): "[holds]" only when e
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
+from collections.abc import Iterator
 
+import psutil
 import pytest
+from busy_neighbour import start_unrelated_spinner
 
 from labkit.llm import LLM
 from labkit.measure import Rounds, Verdict, audit, compare, interleave, trend
@@ -24,6 +29,18 @@ PROMPTS = ["Once upon a time, a little fox", "The rain fell on the old town and"
 NUMBER = r"(-?\d+(?:\.\d+)?)"
 # Timed as the notebooks run (the suite's per-step book-keeping checks would dominate the timings otherwise).
 FAST = {"debug_checks": False}
+
+
+@pytest.fixture(scope="module")
+def neighbour() -> Iterator[int]:
+    """One core kept busy by an unrelated process for the whole module."""
+    pid = start_unrelated_spinner()
+    assert pid not in {p.pid for p in psutil.Process().children(recursive=True)}
+    yield pid
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def check_printed_verdict(verdict: Verdict, rounds: Rounds) -> None:
