@@ -157,6 +157,9 @@ class PrefillClient:
         return self.process.pid
 
     def describe_failure(self, what: str) -> str:
+        # A worker that is exiting resets its end of the link a moment before its exit code can be read: give it
+        # that moment, so the message names the exit rather than "still running" (only failures pay this wait).
+        self.process.join(timeout=2.0)
         code = self.process.exitcode
         state = f"exited with code {code}" if code is not None else "is still running"
         return f"{what}: the prefill worker (pid {self.pid}) {state}"
