@@ -43,7 +43,7 @@ class LLM:
 
     Args:
         model: the bundled model's name ("labkit-tiny"), a checkpoint folder, or a preset name.
-        engine: a name from ``ENGINES`` (default: the last, most complete one), or an ``Engine`` subclass
+        engine: a name from ``ENGINES`` (default: ``chunked``), or an ``Engine`` subclass
             (a learner's engine: its own class runs).
         device: "auto" (cuda, then mps, then cpu), or a torch device string.
         dtype: "auto" (bf16 on capable GPUs, float32 elsewhere), "float32", "bfloat16", "float16", "float64".
