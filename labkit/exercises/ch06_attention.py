@@ -22,15 +22,7 @@ import torch
 from labkit.attention import PagedAttentionBackend, PagedAttentionMetadata
 from labkit.cache.paged import PagedKVPool
 from labkit.exercises import Check, CheckResult, run_checker
-from labkit.exercises.ch06_runs import (
-    RunRequest,
-    RunSetup,
-    first_token_difference,
-    prompt,
-    reference_run,
-    run_engine,
-    stop_on_error,
-)
+from labkit.exercises.ch06_runs import RunRequest, RunSetup, compare_in_engines, compare_tokens, prompt
 
 N_HEADS, N_KV, D, BS = 8, 2, 8, 4  # GQA: query heads 0-3 read KV head 0, heads 4-7 read KV head 1
 LAYER = 1  # attend is called for layer 1: layer 0 of the pool must stay untouched
@@ -170,20 +162,6 @@ def workloads(model: str = "labkit-tiny") -> tuple[RunSetup, ...]:
             RunSetup("prefill chunks beside decodes", "chunked", chunked, max_num_batched_tokens=16))
 
 
-def compare_run(check: Check, cls: type[PagedAttentionBackend], setup: RunSetup, model: str) -> None:
-    from labkit.exercises.oracle import transformers_greedy
-
-    run, ref = run_engine(setup, {"attention_backend": cls}, model), reference_run(setup, model)
-    if stop_on_error(check, run, "attention backend", model):
-        return
-    where = setup.describe()
-    want = {r.label: transformers_greedy(model, [r.prompt], r.max_tokens)[0] for r in setup.requests}
-    diff = first_token_difference(run.tokens, want)
-    check.expect(diff is None, f"{where}, against transformers' greedy tokens: {diff}")
-    diff = first_token_difference(run.tokens, ref.tokens)
-    check.expect(diff is None, f"{where}, against labkit's attention backend: {diff}")
-
-
 def check_paged_attention(cls: type[PagedAttentionBackend], model: str = "labkit-tiny") -> CheckResult:
     """Build task: ``cls(pool, meta).attend`` on hand-built steps, then inside engines continuous and chunked."""
 
@@ -194,10 +172,9 @@ def check_paged_attention(cls: type[PagedAttentionBackend], model: str = "labkit
                 direct_case(check, cls_, index)
             if check.result.failures:
                 return  # the smallest failing case
-        for setup in workloads(model):
-            compare_run(check, cls_, setup, model)
-            if check.result.failures:
-                return
+        compare_in_engines(check, {"attention_backend": cls_}, "attention backend", workloads(model),
+                           functools.partial(compare_tokens, model=model, reference="labkit's attention backend"),
+                           model)
 
     return run_checker(
         "Build: paged attention",

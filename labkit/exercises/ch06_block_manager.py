@@ -18,13 +18,12 @@ from labkit.cache.block_manager import BlockManager
 from labkit.exercises import Check, CheckResult, run_checker
 from labkit.exercises.ch06 import require_block_manager
 from labkit.exercises.ch06_runs import (
+    RunRecord,
     RunRequest,
     RunSetup,
-    first_token_difference,
+    compare_in_engines,
+    compare_tokens,
     prompt,
-    reference_run,
-    run_engine,
-    stop_on_error,
 )
 from labkit.metrics.request import RequestMetrics
 from labkit.sampling_params import SamplingParams
@@ -244,23 +243,13 @@ def workloads(model: str = "labkit-tiny") -> tuple[RunSetup, ...]:
             RunSetup("a pool too small for every request (preemption)", "continuous", tight, num_gpu_blocks=12))
 
 
-def compare_run(check: Check, cls: type[BlockManager], setup: RunSetup, model: str) -> None:
-    """One workload with the learner's class against labkit's block manager (and transformers, where greedy)."""
-    from labkit.exercises.oracle import transformers_greedy
-
-    run, ref = run_engine(setup, {"block_manager_cls": cls}, model), reference_run(setup, model)
-    if stop_on_error(check, run, "block manager", model):
-        return
-    where = setup.describe()
+def compare_run(check: Check, run: RunRecord, ref: RunRecord, model: str) -> None:
+    """A finished run with the learner's class against labkit's block manager (and transformers, where greedy)."""
+    where = run.setup.describe()
     check.expect(run.shared_write is None, f"{where}: {run.shared_write}")
     check.expect(run.blocks_in_use_after == 0, f"{where}: {run.blocks_in_use_after} KV block(s) were still in use "
                  "after every request finished: a leak (free gives back one reference per block)")
-    greedy = [r for r in setup.requests if r.temperature == 0]
-    want = {r.label: transformers_greedy(model, [r.prompt], r.max_tokens)[0] for r in greedy}
-    diff = first_token_difference(run.tokens, want)
-    check.expect(diff is None, f"{where}, against transformers' greedy tokens: {diff}")
-    diff = first_token_difference(run.tokens, ref.tokens)
-    check.expect(diff is None, f"{where}, against labkit's block manager (same seeds): {diff}")
+    compare_tokens(check, run, ref, model, "labkit's block manager (same seeds)")
     for name, want_n in ref.num_cached_tokens.items():
         got_n = run.num_cached_tokens.get(name)
         check.expect(got_n == want_n, f"{where}: {name} found {got_n} prompt tokens in the prefix cache; with "
@@ -285,10 +274,8 @@ def check_block_manager(cls: type[BlockManager], model: str = "labkit-tiny") -> 
             case(check, cls_)
             if check.result.failures:
                 return  # the smallest failing case is enough: the later ones build on it
-        for setup in workloads(model):
-            compare_run(check, cls_, setup, model)
-            if check.result.failures:
-                return
+        compare_in_engines(check, {"block_manager_cls": cls_}, "block manager", workloads(model),
+                           functools.partial(compare_run, model=model), model)
 
     return run_checker(
         "Build: the block manager",

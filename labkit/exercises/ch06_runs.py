@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.exercises import where_in_learner_code
+from labkit.exercises import Check, where_in_learner_code
 from labkit.sequence import Sequence
 
 
@@ -250,3 +251,30 @@ def first_token_difference(got: dict[str, list[int]], want: dict[str, list[int]]
 
     names = list(want)
     return first_difference([got.get(n, []) for n in names], [want[n] for n in names], names)
+
+
+def compare_tokens(check: Check, run: RunRecord, ref: RunRecord, model: str, reference: str) -> None:
+    """A finished run's tokens against transformers' greedy tokens (its greedy requests) and against ``ref``, the
+    run with labkit's parts, named ``reference`` in the message (every request: the same seeds draw alike)."""
+    from labkit.exercises.oracle import transformers_greedy
+
+    where = run.setup.describe()
+    want = {r.label: transformers_greedy(model, [r.prompt], r.max_tokens)[0]
+            for r in run.setup.requests if r.temperature == 0}
+    diff = first_token_difference(run.tokens, want)
+    check.expect(diff is None, f"{where}, against transformers' greedy tokens: {diff}")
+    diff = first_token_difference(run.tokens, ref.tokens)
+    check.expect(diff is None, f"{where}, against {reference}: {diff}")
+
+
+def compare_in_engines(check: Check, part: dict[str, Any], part_name: str, setups: tuple[RunSetup, ...],
+                       compare: Callable[[Check, RunRecord, RunRecord], None], model: str = "labkit-tiny") -> None:
+    """Each workload with the learner's ``part`` and with labkit's, until one fails (the later ones build on it): a
+    run that did not finish is reported (``part_name`` names labkit's part), a finished one is handed to
+    ``compare(check, run, ref)``."""
+    for setup in setups:
+        run, ref = run_engine(setup, part, model), reference_run(setup, model)
+        if not stop_on_error(check, run, part_name, model):
+            compare(check, run, ref)
+        if check.result.failures:
+            return

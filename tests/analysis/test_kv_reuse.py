@@ -5,25 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from bare_sequences import make_seq
 
 from labkit.analysis.kv_reuse import TraceRequest, block_trace, replay
 from labkit.cache.block_manager import BlockManager
-from labkit.metrics.request import RequestMetrics
-from labkit.sampling_params import SamplingParams
-from labkit.sequence import Sequence
-from labkit.text.detokenizer import IncrementalDetokenizer
 from labkit.workbook.conversations import agent_calls, conversation_trace, load_conversations
-
-
-class _Decoder:
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return " ".join(map(str, token_ids))
-
-
-def make_seq(seq_id: int, prompt: list[int]) -> Sequence:
-    return Sequence(seq_id=seq_id, prompt=None, prompt_token_ids=list(prompt), params=SamplingParams(),
-                    detokenizer=IncrementalDetokenizer(_Decoder(), prompt), generator=None,
-                    metrics=RequestMetrics(0.0), max_model_len=10**9)
 
 
 def run_request(bm: BlockManager, seq_id: int, prompt: list[int], answer: list[int]) -> int:

@@ -16,11 +16,7 @@ class LearnersBlockManager(BlockManager):
     """A solution written the way the notebook's hints lead to it (not labkit's code)."""
 
     def allocate(self, seq, num_new_tokens, cached_blocks=None):  # type: ignore[no-untyped-def]
-        if cached_blocks:
-            for block_id in cached_blocks:
-                self._share(block_id)
-            seq.block_table = list(cached_blocks)
-            seq.num_computed_tokens = seq.num_cached_tokens = len(cached_blocks) * self.block_size
+        self.take_cached_prefix(seq, cached_blocks)
         copies = []
         i = seq.num_computed_tokens // self.block_size  # the block this step writes into first
         if i < len(seq.block_table) and self.blocks[seq.block_table[i]].ref_count > 1:
@@ -29,9 +25,21 @@ class LearnersBlockManager(BlockManager):
             seq.block_table[i] = dst
             copies.append((src, dst))
             self.num_copies += 1
+        self.grow_table(seq, num_new_tokens)
+        return copies
+
+    def take_cached_prefix(self, seq, cached_blocks):  # type: ignore[no-untyped-def]
+        """A prefix hit: the sequence shares the cached blocks, and their tokens count as computed and cached."""
+        if cached_blocks:
+            for block_id in cached_blocks:
+                self._share(block_id)
+            seq.block_table = list(cached_blocks)
+            seq.num_computed_tokens = seq.num_cached_tokens = len(cached_blocks) * self.block_size
+
+    def grow_table(self, seq, num_new_tokens):  # type: ignore[no-untyped-def]
+        """A new block whenever the last one is full, until the table holds the new tokens too."""
         while len(seq.block_table) * self.block_size < seq.num_computed_tokens + num_new_tokens:
             seq.block_table.append(self._take_free_block())
-        return copies
 
     def free(self, seq):  # type: ignore[no-untyped-def]
         for block_id in seq.block_table[::-1]:
@@ -64,13 +72,8 @@ class ForgetsTheDecrement(LearnersBlockManager):
 
 class NoCopyOnWrite(LearnersBlockManager):
     def allocate(self, seq, num_new_tokens, cached_blocks=None):  # type: ignore[no-untyped-def]
-        if cached_blocks:
-            for block_id in cached_blocks:
-                self._share(block_id)
-            seq.block_table = list(cached_blocks)
-            seq.num_computed_tokens = seq.num_cached_tokens = len(cached_blocks) * self.block_size
-        while len(seq.block_table) * self.block_size < seq.num_computed_tokens + num_new_tokens:
-            seq.block_table.append(self._take_free_block())
+        self.take_cached_prefix(seq, cached_blocks)
+        self.grow_table(seq, num_new_tokens)  # BUG: a shared block is written into as it is, never copied
         return []
 
 

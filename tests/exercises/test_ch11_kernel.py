@@ -10,10 +10,12 @@ import pytest
 
 pytest.importorskip("triton")
 
-import triton.language as tl  # noqa: E402  (after labkit: conftest imported it, so the interpreter is chosen)
+import triton  # noqa: E402  (after labkit: conftest imported it, so the interpreter is chosen)
+import triton.language as tl  # noqa: E402
 
 from labkit.attention.triton_decode import TritonAttentionBackend  # noqa: E402
 from labkit.attention.triton_kernels import attend_tile, merge_splits  # noqa: E402
+from labkit.exercises import CheckResult  # noqa: E402
 from labkit.exercises.ch11_kernel import check_attend_tile, check_merge_splits, kernel_backend  # noqa: E402
 
 
@@ -22,15 +24,45 @@ def test_reference_parts_pass() -> None:
         assert result.passed, result.message()
 
 
-# ---- mistakes learners make in the inner loop (each a copy of attend_tile with one line changed) ----
+def assert_one_failure_matching(result: CheckResult, expected: str) -> None:
+    """The checker failed with exactly one message, and it names the mistake (``expected``, a regex)."""
+    assert not result.passed and len(result.failures) == 1
+    assert re.search(expected, result.failures[0]), result.failures[0]
+
+
+# ---- mistakes learners make in the inner loop (each attend_tile with one step changed) ----
+# The steps they get right are these device functions, each a piece of attend_tile as it is.
+
+@triton.jit
+def pool_kv(block, pos, valid, k_head, v_head, stride_slot, offs_d, d_valid, BLOCK_SIZE):  # type: ignore[no-untyped-def]
+    """K and V (BLOCK_N, D) at each position's slot, given its pool block, in the pool's dtype."""
+    slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    kv_mask = valid[:, None] & d_valid[None, :]
+    k = tl.load(k_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
+def float32_kv(table_row, pos, valid, k_head, v_head, stride_slot, offs_d, d_valid, BLOCK_SIZE):  # type: ignore[no-untyped-def]
+    """The block-table lookup and the loads, right: K and V (BLOCK_N, D) in float32."""
+    block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
+    k, v = pool_kv(block, pos, valid, k_head, v_head, stride_slot, offs_d, d_valid, BLOCK_SIZE)
+    return k.to(tl.float32), v.to(tl.float32)
+
+
+@triton.jit
+def rescaled_update(scores, m_i, l_i, acc, v):  # type: ignore[no-untyped-def]
+    """The online-softmax update, right: what was summed under the old max shrinks by alpha."""
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+
 
 def tile_no_rescale(q, m_i, l_i, acc, pos, valid, table_row, k_head, v_head, stride_slot, offs_d, d_valid, scale,  # type: ignore[no-untyped-def]
                     BLOCK_SIZE):
-    block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
-    slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-    kv_mask = valid[:, None] & d_valid[None, :]
-    k = tl.load(k_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-    v = tl.load(v_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+    k, v = float32_kv(table_row, pos, valid, k_head, v_head, stride_slot, offs_d, d_valid, BLOCK_SIZE)
     scores = tl.where(valid[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     alpha = tl.exp(m_i - m_new)
@@ -43,49 +75,25 @@ def tile_no_rescale(q, m_i, l_i, acc, pos, valid, table_row, k_head, v_head, str
 def tile_table_off_by_one(q, m_i, l_i, acc, pos, valid, table_row, k_head, v_head, stride_slot, offs_d, d_valid,  # type: ignore[no-untyped-def]
                           scale, BLOCK_SIZE):
     block = tl.load(table_row + pos // BLOCK_SIZE + 1, mask=valid, other=0)  # BUG: the next entry of the table
-    slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-    kv_mask = valid[:, None] & d_valid[None, :]
-    k = tl.load(k_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-    v = tl.load(v_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+    k, v = pool_kv(block, pos, valid, k_head, v_head, stride_slot, offs_d, d_valid, BLOCK_SIZE)
+    k, v = k.to(tl.float32), v.to(tl.float32)
     scores = tl.where(valid[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p, v)
-    return m_new, l_i, acc
+    return rescaled_update(scores, m_i, l_i, acc, v)
 
 
 def tile_no_mask(q, m_i, l_i, acc, pos, valid, table_row, k_head, v_head, stride_slot, offs_d, d_valid, scale,  # type: ignore[no-untyped-def]
                  BLOCK_SIZE):
-    block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
-    slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-    kv_mask = valid[:, None] & d_valid[None, :]
-    k = tl.load(k_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-    v = tl.load(v_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+    k, v = float32_kv(table_row, pos, valid, k_head, v_head, stride_slot, offs_d, d_valid, BLOCK_SIZE)
     scores = tl.dot(q, tl.trans(k)) * scale  # BUG: positions past the end keep a score (of 0)
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p, v)
-    return m_new, l_i, acc
+    return rescaled_update(scores, m_i, l_i, acc, v)
 
 
 def tile_in_bfloat16(q, m_i, l_i, acc, pos, valid, table_row, k_head, v_head, stride_slot, offs_d, d_valid, scale,  # type: ignore[no-untyped-def]
                      BLOCK_SIZE):
     block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0)
-    slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-    kv_mask = valid[:, None] & d_valid[None, :]
-    k = tl.load(k_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0)  # BUG: pool dtype
-    v = tl.load(v_head + slot[:, None] * stride_slot + offs_d[None, :], mask=kv_mask, other=0.0)
+    k, v = pool_kv(block, pos, valid, k_head, v_head, stride_slot, offs_d, d_valid, BLOCK_SIZE)  # BUG: pool dtype
     scores = tl.where(valid[None, :], tl.dot(q.to(k.dtype), tl.trans(k)) * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+    return rescaled_update(scores, m_i, l_i, acc, v)
 
 
 @pytest.mark.parametrize("bug,expected", [
@@ -95,9 +103,7 @@ def tile_in_bfloat16(q, m_i, l_i, acc, pos, valid, table_row, k_head, v_head, st
     (tile_in_bfloat16, "a bfloat16 pool.*float32"),
 ])
 def test_inner_loop_mistakes_fail_with_their_hint(bug, expected: str) -> None:  # type: ignore[no-untyped-def]
-    result = check_attend_tile(bug)
-    assert not result.passed and len(result.failures) == 1
-    assert re.search(expected, result.failures[0]), result.failures[0]
+    assert_one_failure_matching(check_attend_tile(bug), expected)
 
 
 # ---- mistakes in the merge ----
@@ -118,11 +124,7 @@ def merge_without_the_max(o_parts, m_parts, l_parts):  # type: ignore[no-untyped
     (merge_without_the_max, "scores hundreds apart.*(inf or nan|overflows)"),
 ])
 def test_merge_mistakes_fail_with_their_hint(bug, expected: str) -> None:  # type: ignore[no-untyped-def]
-
-
-    result = check_merge_splits(bug)
-    assert not result.passed and len(result.failures) == 1
-    assert re.search(expected, result.failures[0]), result.failures[0]
+    assert_one_failure_matching(check_merge_splits(bug), expected)
 
 
 def test_stubs_are_not_started() -> None:

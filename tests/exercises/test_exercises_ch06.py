@@ -4,6 +4,7 @@ report an untouched stub; the learner's class is the one the engine runs."""
 from __future__ import annotations
 
 import pytest
+from planted_block_hashes import HashesThePartialBlock, NotChained
 
 from labkit import LLM, BlockManager, SamplingParams
 from labkit.cache.block_manager import hash_block
@@ -98,21 +99,6 @@ def chained(token_ids: list[int], block_size: int, start: int = 0) -> list[int]:
         parent = hash_block(parent, tuple(token_ids[i * block_size + start:(i + 1) * block_size + start]))
         out.append(parent)
     return out
-
-
-class NotChained(BlockManager):
-    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
-        bs = self.block_size
-        return [hash_block(None, tuple(token_ids[i * bs:(i + 1) * bs])) for i in range(len(token_ids) // bs)]
-
-
-class HashesThePartialBlock(BlockManager):
-    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
-        out, parent = [], None
-        for i in range(0, len(token_ids), self.block_size):
-            parent = hash_block(parent, tuple(token_ids[i:i + self.block_size]))
-            out.append(parent)
-        return out
 
 
 class OffByOneBoundaries(BlockManager):

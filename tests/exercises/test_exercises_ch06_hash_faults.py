@@ -4,21 +4,11 @@ last block (or an empty block after the last full one) is told exactly that, not
 from __future__ import annotations
 
 import pytest
+from planted_block_hashes import HashesThePartialBlock, NotChained
 
 from labkit import BlockManager
 from labkit.cache.block_manager import hash_block
 from labkit.exercises.ch06 import check_block_hashes, count_fault
-
-
-class HashesThePartialBlock(BlockManager):
-    """Chained correctly; also hashes the partial last block."""
-
-    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
-        out, parent = [], None
-        for i in range(0, len(token_ids), self.block_size):
-            parent = hash_block(parent, tuple(token_ids[i:i + self.block_size]))
-            out.append(parent)
-        return out
 
 
 class HashesOneBlockTooMany(BlockManager):
@@ -35,12 +25,6 @@ class HashesOneBlockTooMany(BlockManager):
 class MissesTheLastFullBlock(BlockManager):
     def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
         return super().block_hashes(token_ids)[:-1]
-
-
-class NotChained(BlockManager):
-    def block_hashes(self, token_ids):  # type: ignore[no-untyped-def]
-        bs = self.block_size
-        return [hash_block(None, tuple(token_ids[i * bs:(i + 1) * bs])) for i in range(len(token_ids) // bs)]
 
 
 @pytest.mark.parametrize("bug", [HashesThePartialBlock, HashesOneBlockTooMany], ids=lambda c: c.__name__)

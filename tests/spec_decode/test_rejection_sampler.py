@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from planted_acceptance_rules import AcceptsByP, AcceptsEverything, ResamplesFromP
 
 from labkit.exercises.ch13_acceptance import (
     DRAFT_Q,
@@ -14,42 +15,7 @@ from labkit.exercises.ch13_acceptance import (
     emitted_counts,
     greedy_problems,
 )
-from labkit.spec_decode.rejection_sampler import RejectionSampler, draw_from, uniform
-
-
-class AcceptsEverything(RejectionSampler):
-    """Planted bug: no ratio test (every proposal kept), so the output follows q, not p."""
-
-    def verify(self, target_probs, draft_token_ids, draft_probs, generator):  # type: ignore[no-untyped-def]
-        return list(draft_token_ids) + [draw_from(target_probs[len(draft_token_ids)], generator)]
-
-
-class ResamplesFromP(RejectionSampler):
-    """Planted bug: at a rejection, draw from p instead of the residual max(0, p - q)."""
-
-    def verify(self, target_probs, draft_token_ids, draft_probs, generator):  # type: ignore[no-untyped-def]
-        out = []
-        for i, x in enumerate(draft_token_ids):
-            p, q = target_probs[i], draft_probs[i]
-            if uniform(generator, p.device) * float(q[x]) < float(p[x]):
-                out.append(x)
-                continue
-            return out + [draw_from(p, generator)]
-        return out + [draw_from(target_probs[len(draft_token_ids)], generator)]
-
-
-class AcceptsByP(RejectionSampler):
-    """Planted bug: accept with probability p(x) instead of min(1, p(x) / q(x))."""
-
-    def verify(self, target_probs, draft_token_ids, draft_probs, generator):  # type: ignore[no-untyped-def]
-        out = []
-        for i, x in enumerate(draft_token_ids):
-            p, q = target_probs[i], draft_probs[i]
-            if uniform(generator, p.device) < float(p[x]):
-                out.append(x)
-                continue
-            return out + [draw_from((p - q).clamp(min=0), generator)]
-        return out + [draw_from(target_probs[len(draft_token_ids)], generator)]
+from labkit.spec_decode.rejection_sampler import RejectionSampler
 
 
 def test_chi_square_pvalue_matches_known_values() -> None:
