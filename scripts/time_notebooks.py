@@ -9,10 +9,15 @@ the "busy" column of the learner path can be measured. Every run's printed verdi
 "[does NOT hold here]", "[too close to call]") are read back from the executed notebook and audited: a verdict
 whose mark disagrees with the round figures printed beside it is reported as a problem.
 
-Each notebook runs with ``jupyter nbconvert --execute`` into a temporary folder (the committed notebooks are
-never touched). Beside each time it reports how busy *other* processes kept the CPUs during the run and the
-load average, because on a shared machine that load inflates every time. Writes ``results/notebook_times.json``
-(results/ is git-ignored) and prints a Markdown table, with the three slowest cells of each notebook.
+Each notebook runs in a fresh kernel with nbclient (``NotebookClient.execute``, in a child process) into a temporary
+folder (the committed notebooks are never touched). Not ``jupyter nbconvert --execute``, and without nbclient's
+imitation of a frontend's Output widget (which sends widget state back to the kernel): with the CPUs busy, a cell
+that displays an ``interactive_output`` widget then waited forever, kernel and client both idle (notebooks 06 and
+08 here; jupyter/nbclient#312). The widgets' own outputs are left out of the executed copy; printed verdicts stay.
+Beside each time it reports how busy *other* processes kept the CPUs during the run and the load average, because on
+a shared machine that load inflates every time. Writes ``results/notebook_times.json`` (results/ is git-ignored) and
+prints a Markdown table, with the three slowest cells
+of each notebook.
 """
 
 from __future__ import annotations
@@ -35,6 +40,22 @@ from bench_common import cpu_jiffies, md_table  # noqa: E402
 from labkit.measure.verdict import MARK, audit  # noqa: E402
 
 SPIN = "import time\nwhile True:\n    time.perf_counter()"  # the busy neighbour: one core, until killed
+# Executes argv[1] into argv[2] (written even when a cell fails) with a per-cell timeout of argv[3] seconds.
+EXECUTE = """
+import sys
+from pathlib import Path
+import nbformat
+from nbclient import NotebookClient
+src, dst, timeout = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+nb = nbformat.read(src, as_version=4)
+try:
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(src.parent)}})
+    client.comm_open_handlers = {}  # no Output-widget mimicry: it talks back to the kernel and hung runs here
+    client.execute()
+finally:
+    nbformat.write(nb, dst)
+"""
 
 
 def printed_text(executed: Path) -> str:
@@ -50,7 +71,7 @@ class NotebookTime:
     smoke: bool
     ok: bool
     wall_s: float
-    own_cpu_s: float  # CPU time of nbconvert and its kernel
+    own_cpu_s: float  # CPU time of the executing process and its kernel
     other_cpu_load: float | None  # share of all CPUs that other processes kept busy during the run
     loadavg_before: float
     loadavg_after: float
@@ -77,8 +98,8 @@ def cell_seconds(executed: Path) -> list[tuple[int, float]]:
 def time_notebook(path: Path, smoke: bool, outdir: Path, timeout_s: int, busy: bool = False) -> NotebookTime:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", LABKIT_SMOKE="1" if smoke else "0")
     env.pop("CI", None)  # CI=true would switch smoke mode on
-    cmd = [str(ROOT / ".venv/bin/jupyter"), "nbconvert", "--to", "notebook", "--execute",
-           f"--ExecutePreprocessor.timeout={timeout_s}", "--output-dir", str(outdir), "--output", path.stem, str(path)]
+    outdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-c", EXECUTE, str(path), str(outdir / f"{path.stem}.ipynb"), str(timeout_s)]
     neighbour = subprocess.Popen([sys.executable, "-c", SPIN]) if busy else None
     try:
         load_before = os.getloadavg()[0]
@@ -92,11 +113,11 @@ def time_notebook(path: Path, smoke: bool, outdir: Path, timeout_s: int, busy: b
             neighbour.kill()
             neighbour.wait()
     own = (children1.children_user + children1.children_system
-           - children0.children_user - children0.children_system)  # nbconvert and the kernel it reaped
+           - children0.children_user - children0.children_system)  # the executing process and the kernel it reaped
     other = None
     if machine0 and machine1 and machine1[1] > machine0[1]:
-        busy = machine1[0] - machine0[0] - own * os.sysconf("SC_CLK_TCK")
-        other = max(0.0, busy / (machine1[1] - machine0[1]))
+        others = machine1[0] - machine0[0] - own * os.sysconf("SC_CLK_TCK")  # busy jiffies not ours
+        other = max(0.0, others / (machine1[1] - machine0[1]))
     if proc.returncode:
         print(proc.stderr[-3000:], file=sys.stderr)
     executed = outdir / f"{path.stem}.ipynb"
