@@ -49,6 +49,12 @@ def cpu_jiffies() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
+def own_cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (servers and workers it started, once reaped)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class OtherLoad:
     """Share of all CPUs that *other* processes kept busy since ``start()``: they skew every timing here."""
 
@@ -57,15 +63,14 @@ class OtherLoad:
 
     def start(self) -> None:
         self._machine = cpu_jiffies()
-        own = os.times()
-        self._own = own.user + own.system
+        self._own = own_cpu_seconds()
 
     def fraction(self) -> float | None:
+        """Read once the benchmark's own child processes have ended (else their time counts as another's)."""
         end = cpu_jiffies()
         if self._machine is None or end is None or end[1] <= self._machine[1]:
             return None
-        own = os.times()
-        own_ticks = (own.user + own.system - self._own) * os.sysconf("SC_CLK_TCK")
+        own_ticks = (own_cpu_seconds() - self._own) * os.sysconf("SC_CLK_TCK")
         busy = end[0] - self._machine[0] - own_ticks
         return max(0.0, busy / (end[1] - self._machine[1]))
 

@@ -1,10 +1,12 @@
 """A step's cost from its shape: a linear model fitted to the learner's own measured engine steps.
 
 An engine step's time on a given device depends on what it computes: prompt tokens (compute-bound matmuls),
-decode rows (each reads the weights once per step, whatever the batch), the keys attention reads, and a fixed
-launch-and-host cost. ``StepShape`` counts those for one ``SchedulerOutput``; ``StepCostModel.fit`` finds the
-seconds per unit of each (non-negative least squares) from steps measured on the real engine
-(``RecordingScheduler`` notes each step's shape while ``StepStats`` times it). The simulator then prices every
+decode rows (each reads the weights once per step, whatever the batch), the keys attention reads, a fixed
+launch-and-host cost per step, and one per prompt chunk (its own attention call and causal mask, its first
+token's sampling: on a small model this is what a short prompt's prefill mostly costs). ``StepShape`` counts
+those for one ``SchedulerOutput``; ``StepCostModel.fit`` finds the seconds per unit of each (non-negative least
+squares) from steps measured on the real engine (``RecordingScheduler`` notes each step's shape while
+``StepStats`` times it). The simulator then prices every
 step the real scheduler plans with it. Introduced in notebook 12 (``12_disaggregated_prefill``).
 """
 
@@ -17,7 +19,7 @@ import numpy as np
 from labkit.engine.sched.output import SchedulerOutput
 from labkit.engine.sched.scheduler import Scheduler
 
-FEATURES = ("step", "prefill_tokens", "prefill_attention", "decode_rows", "decode_context")
+FEATURES = ("step", "prefill_seqs", "prefill_tokens", "prefill_attention", "decode_rows", "decode_context")
 
 
 @dataclass(frozen=True)
@@ -28,22 +30,23 @@ class StepShape:
     prefill_attention: float  # sum over prefill chunks of tokens x mean keys each attends to (quadratic part)
     num_decode_rows: int  # sequences computing one token
     decode_context: int  # keys the decode rows read, all rows together
+    num_prefill_seqs: int  # sequences running a prompt chunk this step
 
     @classmethod
     def of(cls, out: SchedulerOutput) -> StepShape:
         """The shape of a planned step (before the runner advances ``num_computed_tokens``)."""
-        prefill, attention, rows, context = 0, 0.0, 0, 0
+        prefill, attention, rows, context, chunks = 0, 0.0, 0, 0, 0
         for seq, n in zip(out.seqs, out.num_new_tokens):
             start = seq.num_computed_tokens
             if n == 1 and start >= seq.num_prompt_tokens:
                 rows, context = rows + 1, context + start + 1
             else:
-                prefill, attention = prefill + n, attention + n * (start + (n + 1) / 2)
-        return cls(prefill, attention, rows, context)
+                prefill, attention, chunks = prefill + n, attention + n * (start + (n + 1) / 2), chunks + 1
+        return cls(prefill, attention, rows, context, chunks)
 
     def features(self) -> np.ndarray:
-        return np.array([1.0, self.num_prefill_tokens, self.prefill_attention, self.num_decode_rows,
-                         self.decode_context])
+        return np.array([1.0, self.num_prefill_seqs, self.num_prefill_tokens, self.prefill_attention,
+                         self.num_decode_rows, self.decode_context])
 
 
 @dataclass
@@ -51,6 +54,20 @@ class StepCostModel:
     """Seconds per step = coefficients . features (``FEATURES``). Notebook 12."""
 
     coefficients: np.ndarray  # (len(FEATURES),) seconds per unit, all >= 0
+
+    def __post_init__(self) -> None:
+        self.coefficients = np.asarray(self.coefficients, dtype=float)
+        if self.coefficients.shape != (len(FEATURES),) or (self.coefficients < 0).any():
+            raise ValueError(f"a cost model has {len(FEATURES)} non-negative coefficients, one per feature "
+                             f"{FEATURES}, got {self.coefficients.tolist()}")
+
+    @classmethod
+    def of(cls, **seconds_per_unit: float) -> StepCostModel:
+        """A model from named coefficients (the others 0), e.g. ``StepCostModel.of(step=0.01, decode_rows=1e-3)``."""
+        unknown = set(seconds_per_unit) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown cost model features {sorted(unknown)}; the features are {FEATURES}")
+        return cls(np.array([seconds_per_unit.get(name, 0.0) for name in FEATURES]))
 
     def step_time(self, shape: StepShape) -> float:
         return float(self.coefficients @ shape.features())

@@ -25,7 +25,7 @@ from labkit.sim import (
 from labkit.sim import cluster as cluster_module
 
 # 10 ms per step, 0.1 ms per prompt token, 1 ms per decode row, nothing else.
-COST = StepCostModel(np.array([0.010, 1e-4, 0.0, 1e-3, 0.0]))
+COST = StepCostModel.of(step=0.010, prefill_tokens=1e-4, decode_rows=1e-3)
 
 
 def test_the_scheduler_is_labkits_own_class_and_its_code_runs(monkeypatch) -> None:
@@ -117,14 +117,30 @@ def test_disaggregation_removes_the_prefill_stall_from_decodes() -> None:
 
 def test_fit_recovers_known_coefficients() -> None:
     rng = np.random.default_rng(0)
-    truth = np.array([0.004, 2e-5, 1e-8, 3e-4, 1e-6])
-    shapes = [StepShape(int(p), float(p * rng.integers(1, 500)), int(r), int(r * rng.integers(10, 800)))
+    truth = np.array([0.004, 6e-4, 2e-5, 1e-8, 3e-4, 1e-6])
+    shapes = [StepShape(int(p), float(p * rng.integers(1, 500)), int(r), int(r * rng.integers(10, 800)),
+                        int(min(p, rng.integers(1, 5))))
               for p, r in zip(rng.integers(0, 400, 80), rng.integers(0, 32, 80))]
     seconds = [float(truth @ s.features()) for s in shapes]
     fitted = StepCostModel.fit(shapes, seconds)
     assert fitted.coefficients == pytest.approx(truth, rel=1e-6, abs=1e-12)
-    with pytest.raises(ValueError, match="at least 5 measured steps"):
+    with pytest.raises(ValueError, match="at least 6 measured steps"):
         StepCostModel.fit(shapes[:3], seconds[:3])
+
+
+def test_a_prompt_chunk_costs_its_own_fixed_time() -> None:
+    # Two prompts arriving together run their chunks in one step: one step cost, two chunk costs.
+    cost = StepCostModel.of(step=0.010, prefill_seqs=0.002, prefill_tokens=1e-4)
+    spec = ClusterSpec(num_decode=1, max_num_batched_tokens=512)
+    recs = simulate([SimRequest(0.0, 100, 1), SimRequest(0.0, 50, 1)], cost, spec).records
+    assert [r.ttft for r in recs] == pytest.approx([0.010 + 2 * 0.002 + 150 * 1e-4] * 2)
+
+
+def test_a_cost_model_names_its_features() -> None:
+    with pytest.raises(ValueError, match="6 non-negative coefficients"):
+        StepCostModel(np.array([0.01, 1e-4, 0.0, 1e-3, 0.0]))  # the five-feature model of an older labkit
+    with pytest.raises(ValueError, match="unknown cost model features \\['decode_row'\\]"):
+        StepCostModel.of(decode_row=1e-3)
 
 
 def test_calibrate_pairs_each_planned_step_with_its_time(bundled_path) -> None:
