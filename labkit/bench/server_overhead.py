@@ -30,10 +30,11 @@ from labkit.serving.timings import PER_STEP, TimingBreakdown
 class OverheadRun:
     """One load's client-side ITL next to the server's breakdown of where the time went. Notebook 09."""
 
-    mean_itl_ms: float
+    mean_itl_ms: float  # per event: with coalesced streams an event may carry several tokens
     p99_itl_ms: float
     output_throughput: float  # tokens/s
     breakdown: TimingBreakdown
+    mean_tpot_ms: float  # per output token, whatever the events carried
 
     @property
     def engine_step_ms(self) -> float:
@@ -54,6 +55,12 @@ class OverheadRun:
     def non_engine_share(self) -> float:
         return self.non_engine_ms / self.mean_itl_ms if self.mean_itl_ms else 0.0
 
+    @property
+    def non_engine_per_token_ms(self) -> float:
+        """The client's time per output token (TPOT) minus the engine step each token waited for: the server's
+        and the transport's share per token, comparable whether or not events carry several tokens."""
+        return self.mean_tpot_ms - self.engine_step_ms
+
     def metrics(self) -> dict[str, float]:
         """The figures compared across rounds (``labkit.measure.Rounds``)."""
         b = self.breakdown
@@ -61,6 +68,10 @@ class OverheadRun:
         return {"itl_ms": self.mean_itl_ms, "p99_itl_ms": self.p99_itl_ms, "tok/s": self.output_throughput,
                 "engine_step_ms": self.engine_step_ms, "non_engine_ms": self.non_engine_ms,
                 "non_engine_%": 100 * self.non_engine_share, "server_step_ms": self.server_step_ms,
+                "tpot_ms": self.mean_tpot_ms, "non_engine_per_token_ms": self.non_engine_per_token_ms,
+                "non_engine_per_token_%": 100 * self.non_engine_per_token_ms / self.mean_tpot_ms
+                if self.mean_tpot_ms else 0.0,
+                "events_per_token": b.num_events / max(1, b.num_tokens),
                 "server_share_%": 100 * (1 - b.engine_share_of_turn),
                 "post_ms": 1e3 * b.seconds.get("post", 0.0) / steps,
                 "tokens_per_step": b.num_tokens / steps, "wake_ups_per_step": b.counts.get("wake_ups", 0) / steps,
@@ -88,7 +99,7 @@ def measure_overhead(base_url: str, dataset: RandomDataset, num_prompts: int, ma
     if m.failed:
         raise RuntimeError(f"{m.failed} of {m.failed + m.completed} requests failed")
     return OverheadRun(1e3 * m.itl.mean, 1e3 * m.itl.p99, m.output_throughput,
-                       TimingBreakdown.between(before, after))
+                       TimingBreakdown.between(before, after), 1e3 * m.tpot.mean)
 
 
 def hand_off_contenders(base_urls: Mapping[str, str], dataset: RandomDataset, num_prompts: int,

@@ -33,16 +33,11 @@ from labkit.llm import LLM
 from labkit.metrics.prometheus import EngineState, ServerMetrics
 from labkit.sampling_params import SamplingParams
 from labkit.sequence import FinishReason, Sequence, SequenceStatus
-from labkit.serving.streams import EngineDeadError, TokenDelta, _Command, _Stream
+from labkit.serving.streams import EngineDeadError, TokenDelta, _Command, _Stream, coalesce_waiting, put_all
 from labkit.serving.timings import ServerTimings
 
 __all__ = ["HAND_OFFS", "AsyncLLM", "EngineDeadError", "TokenDelta"]
 HAND_OFFS = ("per_token", "per_step")
-
-
-def _put_all(items: list[tuple[_Stream, TokenDelta | BaseException]]) -> None:
-    for stream, item in items:  # on the consumers' event loop
-        stream.queue.put_nowait(item)
 
 
 class AsyncLLM:
@@ -55,10 +50,11 @@ class AsyncLLM:
     """
 
     def __init__(self, llm: LLM, metrics: ServerMetrics | None = None, idle_wait: float = 0.05,
-                 timings: ServerTimings | None = None, hand_off: str = "per_token") -> None:
+                 timings: ServerTimings | None = None, hand_off: str = "per_token", coalesce: bool = False) -> None:
         if hand_off not in HAND_OFFS:
             raise ValueError(f"hand_off must be one of {HAND_OFFS}, got {hand_off!r}")
         self.hand_off = hand_off  # how a step's tokens reach the event loop (see _deliver)
+        self.coalesce = coalesce  # a consumer that fell behind takes its waiting deltas as one (streams.py)
         self.llm = llm
         self.llm_engine = llm.llm_engine
         self.metrics = metrics
@@ -125,12 +121,15 @@ class AsyncLLM:
         stream = _Stream(seq, asyncio.get_running_loop(), asyncio.Queue())
         self._send(_Command("add", stream=stream))
         finished = False
+        held: BaseException | None = None  # found waiting behind coalesced tokens: raised once they are out
         try:
             while True:
-                item = await stream.queue.get()
+                item = held if held is not None else await stream.queue.get()
                 if isinstance(item, BaseException):
                     finished = True  # the engine already dropped it
                     raise item
+                if self.coalesce:
+                    item, held = coalesce_waiting(stream.queue, item)
                 finished = item.finished
                 yield item
                 if finished:
@@ -255,7 +254,7 @@ class AsyncLLM:
                   ) -> None:
         """Hand ``items`` to their streams on ``loop``: one wake-up of the loop for all of them."""
         try:
-            loop.call_soon_threadsafe(_put_all, items)
+            loop.call_soon_threadsafe(put_all, items)
         except RuntimeError:  # the consumers' event loop is closed: nobody will read these requests
             for stream, _ in items:
                 if threading.current_thread() is self._thread and not stream.seq.is_finished:

@@ -56,6 +56,7 @@ class ServerConfig:
     timeout_graceful_shutdown: float = 5.0  # seconds running requests get to finish on SIGINT/SIGTERM
     record_timings: bool = False  # add up where the server's time goes; GET /timings (labkit.serving.timings)
     hand_off: str = "per_token"  # how a step's tokens reach the event loop (AsyncLLM's hand_off)
+    stream_coalesce: bool = False  # a lagging stream's waiting tokens go out as one event (AsyncLLM's coalesce)
 
     @property
     def access(self) -> AccessPolicy:
@@ -66,7 +67,8 @@ def make_async_llm(config: ServerConfig) -> AsyncLLM:
     llm = LLM(config.model, engine=config.engine, device=config.device, dtype=config.dtype, seed=config.seed,
               **config.engine_options)
     return AsyncLLM(llm, ServerMetrics(config.served_model_name or config.model),
-                    timings=ServerTimings() if config.record_timings else None, hand_off=config.hand_off)
+                    timings=ServerTimings() if config.record_timings else None, hand_off=config.hand_off,
+                    coalesce=config.stream_coalesce)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -185,6 +187,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.add_argument("--hand-off", type=lambda v: v.replace("-", "_"), choices=HAND_OFFS, default="per_token",
                    help="a step's tokens reach the event loop one wake-up each (per-token) or all in one (per-step)")
+    p.add_argument("--stream-coalesce", action=argparse.BooleanOptionalAction, default=False,
+                   help="send the tokens waiting for a stream that fell behind as one event (as vLLM does)")
     p.add_argument("--record-timings", action="store_true",
                    help="add up the server's time per part (parse, tokenize, engine step, framing, ...): GET /timings")
     a = p.parse_args(argv)
@@ -205,7 +209,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                         allowed_hosts=a.allowed_hosts, allowed_origins=a.allowed_origins,
                         max_request_body_bytes=a.max_request_body_bytes,
                         timeout_graceful_shutdown=a.timeout_graceful_shutdown, record_timings=a.record_timings,
-                        hand_off=a.hand_off)
+                        hand_off=a.hand_off, stream_coalesce=a.stream_coalesce)
 
 
 def main(argv: list[str] | None = None) -> None:

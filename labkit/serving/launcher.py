@@ -156,7 +156,8 @@ class ServerThread:
         name = served_model_name or (llm.source.name if llm is not None else model)
         self.served_model_name = name
         self.async_llm: AsyncLLM = (AsyncLLM(llm, ServerMetrics(name), hand_off=self.config.hand_off,
-                                             timings=ServerTimings() if self.config.record_timings else None)
+                                             timings=ServerTimings() if self.config.record_timings else None,
+                                             coalesce=self.config.stream_coalesce)
                                     if llm is not None else make_async_llm(self.config))
         self.startup_timeout = startup_timeout
         self.base_url = ""

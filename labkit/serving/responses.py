@@ -146,6 +146,7 @@ async def stream_events(gen: Generation, deltas: AsyncIterator[TokenDelta], acti
                         timings.add("hand_off", picked - delta.time)
                         timings.add("wait", picked - resumed)
                         timings.add("frame", framed - picked)
+                        timings.add("streamed_tokens", 0.0, len(delta.token_ids))
                         resumed = time.perf_counter()
                         timings.add("send", resumed - framed)
             except EngineDeadError as exc:  # shut down mid-stream: say so in-band

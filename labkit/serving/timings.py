@@ -104,6 +104,12 @@ class TimingBreakdown:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens streamed (an event carries several when a lagging stream's tokens were coalesced)."""
+        return self.counts.get("streamed_tokens", 0)
+
+    @property
+    def num_events(self) -> int:
+        """Server-sent events framed (one per token unless tokens were coalesced)."""
         return self.counts.get("frame", 0)
 
     @property
