@@ -16,8 +16,7 @@ that displays an ``interactive_output`` widget then waited forever, kernel and c
 08 here; jupyter/nbclient#312). The widgets' own outputs are left out of the executed copy; printed verdicts stay.
 Beside each time it reports how busy *other* processes kept the CPUs during the run and the load average, because on
 a shared machine that load inflates every time. Writes ``results/notebook_times.json`` (results/ is git-ignored) and
-prints a Markdown table, with the three slowest cells
-of each notebook.
+prints a Markdown table, with the three slowest cells of each notebook.
 """
 
 from __future__ import annotations

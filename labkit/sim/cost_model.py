@@ -6,8 +6,8 @@ launch-and-host cost per step, and one per prompt chunk (its own attention call 
 token's sampling: on a small model this is what a short prompt's prefill mostly costs). ``StepShape`` counts
 those for one ``SchedulerOutput``; ``StepCostModel.fit`` finds the seconds per unit of each (non-negative least
 squares) from steps measured on the real engine (``RecordingScheduler`` notes each step's shape while
-``StepStats`` times it). The simulator then prices every
-step the real scheduler plans with it. Introduced in notebook 12 (``12_disaggregated_prefill``).
+``StepStats`` times it). The simulator then prices every step the real scheduler plans with it.
+Introduced in notebook 12 (``12_disaggregated_prefill``).
 """
 
 from __future__ import annotations
