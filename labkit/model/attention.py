@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend
 
 from labkit.model.config import ModelConfig
 from labkit.model.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from labkit.model.linear import Linear
 
 
 class AttentionBackend(Protocol):
@@ -159,10 +160,10 @@ class Attention(nn.Module):
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         h, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.q_proj = Linear(h, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, bias=False)
         self.qkv_proj = MergedLinear(self.q_proj, self.k_proj, self.v_proj)  # all three in one matmul
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -178,12 +179,16 @@ class Attention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, hidden)
-        q, k, v = self.qkv_proj(x)  # = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(b, t, self.n_heads, self.head_dim)  # (B, T, n_heads, head_dim)
-        k = k.view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, head_dim)
-        v = v.view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, n_kv_heads, head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
+        # = self.q_proj(x), self.k_proj(x), self.v_proj(x) side by side, each head's head_dim values together
+        qkv = self.qkv_proj.merged(x).view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        heads = [self.n_heads, self.n_kv_heads, self.n_kv_heads]
+        if self.q_norm is not None and self.k_norm is not None:  # (Qwen3) each has its own norm first
+            q, k, v = qkv.split(heads, dim=2)
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+            q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+        else:  # q's and k's heads sit side by side: rotate them in one go (3 ops instead of 6)
+            qk = RotaryEmbedding.apply(qkv[:, :, : self.n_heads + self.n_kv_heads], cos, sin)
+            q, k = qk.split(heads[:2], dim=2)  # (B, T, n_heads, head_dim), (B, T, n_kv_heads, head_dim)
+            v = qkv[:, :, self.n_heads + self.n_kv_heads :]  # (B, T, n_kv_heads, head_dim)
         out = backend.attend(self.layer_idx, q, k, v)  # (B, T, n_heads, head_dim)
         return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))

@@ -13,6 +13,7 @@ from torch import nn
 from labkit.model.attention import Attention, AttentionBackend, CausalAttention
 from labkit.model.config import ModelConfig
 from labkit.model.layers import MLP, RMSNorm, RotaryEmbedding
+from labkit.model.linear import Linear
 
 
 class DecoderLayer(nn.Module):
@@ -60,7 +61,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

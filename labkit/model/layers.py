@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from labkit.model.config import ModelConfig
+from labkit.model.linear import Linear, LinearKernel
 
 
 class RMSNorm(nn.Module):
@@ -96,11 +97,16 @@ class MergedLinear:
         self.sizes = [lin.out_features for lin in linears]
         self.weight: torch.Tensor | None = None  # (sum of out_features, in_features)
         self.bias: torch.Tensor | None = None
+        self.kernel = LinearKernel()  # F.linear, or oneDNN over a repacked copy (labkit.model.linear)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.merged(x).split(self.sizes, dim=-1)
+
+    def merged(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., sum of out_features): every layer's output side by side, unsplit."""
         if not self._is_merged():
             self._merge()
-        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)  # type: ignore[arg-type]
+        return self.kernel(x, self.weight, self.bias)  # type: ignore[arg-type]
 
     def _is_merged(self) -> bool:
         if self.weight is None:
@@ -135,9 +141,9 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_proj = Linear(h, i, bias=False)
+        self.up_proj = Linear(h, i, bias=False)
+        self.down_proj = Linear(i, h, bias=False)
         self.gate_up = MergedLinear(self.gate_proj, self.up_proj)  # both in one matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
