@@ -29,6 +29,7 @@ from labkit.engine.output_processor import OutputProcessor, RequestFailedError
 from labkit.engine.registry import create_engine, default_engine, engine_class
 from labkit.model import CausalLM, load_checkpoint, random_model
 from labkit.model.layers import MergedLinear
+from labkit.model.linear import linear_kernels
 from labkit.model.source import BUNDLED_MODEL, ModelSource, resolve_model_source
 from labkit.outputs import RequestOutput
 from labkit.sampling_params import SamplingParams
@@ -188,9 +189,12 @@ class LLM:
 
 def release_weights(model: CausalLM) -> None:
     """Free a model's weights: its parameters and buffers keep their shapes on the meta device (no storage), and the
-    merged projections (``MergedLinear``, which hold the tensors the parameters are views of) let go of theirs."""
+    merged projections (``MergedLinear``, which hold the tensors the parameters are views of) and the linear kernels'
+    repacked copies let go of theirs."""
     model.to("meta")
     for module in model.modules():
         for part in vars(module).values():
             if isinstance(part, MergedLinear):
                 part.weight = part.bias = None
+    for kernel in linear_kernels(model):  # and their oneDNN copies (labkit.model.linear)
+        kernel.packed = kernel.packed_from = None

@@ -97,7 +97,7 @@ class MergedLinear:
         self.sizes = [lin.out_features for lin in linears]
         self.weight: torch.Tensor | None = None  # (sum of out_features, in_features)
         self.bias: torch.Tensor | None = None
-        self.kernel = LinearKernel()  # F.linear, or oneDNN over a repacked copy (labkit.model.linear)
+        self.kernel = LinearKernel()  # F.linear, or oneDNN over a repacked copy; the layout (labkit.model.linear)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.merged(x).split(self.sizes, dim=-1)
@@ -106,10 +106,10 @@ class MergedLinear:
         """(..., in_features) -> (..., sum of out_features): every layer's output side by side, unsplit."""
         if not self._is_merged():
             self._merge()
-        return self.kernel(x, self.weight, self.bias)  # type: ignore[arg-type]
+        return self.kernel(x, self.weight, self.bias, tuple(lin.weight for lin in self.linears))  # type: ignore
 
     def _is_merged(self) -> bool:
-        if self.weight is None:
+        if self.weight is None or (self.weight.stride(0) == 1) != self.kernel.wants_gemv_layout(self.weight):
             return False
         merged = [(self.weight, [lin.weight for lin in self.linears])]
         if self.bias is not None:
@@ -125,7 +125,11 @@ class MergedLinear:
     def _merge(self) -> None:
         # Plain tensors even if the first call comes inside torch.inference_mode().
         with torch.inference_mode(False), torch.no_grad():
-            self.weight = torch.cat([lin.weight for lin in self.linears])
+            weights = [lin.weight for lin in self.linears]  # (out_i, in) each
+            if self.kernel.wants_gemv_layout(weights[0]):  # (in, sum of out) memory: labkit.model.linear
+                self.weight = torch.cat([w.t() for w in weights], dim=1).t()
+            else:
+                self.weight = torch.cat(weights)
             for lin, part in zip(self.linears, self.weight.split(self.sizes)):
                 lin.weight.data = part
             self.bias = None

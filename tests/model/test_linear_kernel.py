@@ -1,5 +1,5 @@
-"""labkit.model.linear: the per-shape kernel choice (F.linear or oneDNN over a repacked weight) is exact enough, follows
-weight changes, and leaves parameters, names and autograd as nn.Linear's."""
+"""labkit.model.linear: the per-shape choice (F.linear over (in, out) memory, or oneDNN over a repacked weight) is exact
+enough, follows weight changes, and leaves parameters, names, values and autograd as nn.Linear's."""
 
 from __future__ import annotations
 
@@ -11,29 +11,79 @@ from torch.nn import functional as F
 from labkit.model.config import ModelConfig
 from labkit.model.decoder import CausalLM
 from labkit.model.linear import (
-    ONEDNN_MIN_WEIGHT,
+    ONEDNN_MIN_ROWS,
+    STALL_WINDOW_CALLS,
+    STALLS_TO_TRIP,
     Linear,
+    LinearKernel,
+    StallWatch,
     linear_kernels,
     onednn_linear_available,
     set_linear_kernel,
 )
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
-BIG = (1024, 512)  # out, in: 2**19 elements, above ONEDNN_MIN_WEIGHT
+BIG = (1024, 512)  # out, in
 
 
-def test_thresholds_pick_onednn_for_large_weights_and_large_batches_only() -> None:
-    assert BIG[0] * BIG[1] >= ONEDNN_MIN_WEIGHT
-    big, small = Linear(BIG[1], BIG[0]), Linear(64, 32)
+def test_float32_on_the_cpu_only() -> None:
+    layer = Linear(BIG[1], BIG[0])
     with torch.inference_mode():
-        assert big.kernel.uses_onednn(torch.randn(1, BIG[1]), big.weight) == onednn_linear_available()
-        assert not small.kernel.uses_onednn(torch.randn(1, 64), small.weight)  # small weight, one row: F.linear
-        assert small.kernel.uses_onednn(torch.randn(4096, 64), small.weight) == onednn_linear_available()
-        assert not big.kernel.uses_onednn(torch.randn(1, BIG[1], dtype=torch.float64), big.weight.double())
+        assert layer.kernel.uses_onednn(torch.randn(1, BIG[1]), layer.weight) == onednn_linear_available()
+        assert not layer.kernel.uses_onednn(torch.randn(64, BIG[1], dtype=torch.float64), layer.weight.double())
+        assert not layer.kernel.wants_gemv_layout(layer.weight.bfloat16())
+
+
+def test_stall_watch_trips_on_repeated_stalls_only_and_holds_for_a_while() -> None:
+    watch = StallWatch(hold_s=60.0)
+    assert not watch.observe(0.5e-3, 1e-5)  # 50x its fastest, but under a millisecond: not a stall
+    assert not watch.observe(3e-3, 1e-3)  # 3x its fastest: a slow spell, not a stall
+    assert watch.stalls == 0
+    for _ in range(STALLS_TO_TRIP):  # 40x, 8 ms: a thread waited for its core, but now and then: housekeeping
+        assert watch.observe(8e-3, 2e-4)
+        for _ in range(STALL_WINDOW_CALLS):
+            watch.observe(2e-4, 2e-4)
+    assert not watch.recent() and watch.stalls == STALLS_TO_TRIP and watch.trips == 0
+    for _ in range(STALLS_TO_TRIP):  # one after the other: another process holds a core
+        watch.observe(8e-3, 2e-4)
+        watch.observe(2e-4, 2e-4)
+    assert watch.recent() and watch.trips == 1 and watch.stalls == 2 * STALLS_TO_TRIP
+    assert not StallWatch(hold_s=0.0).recent()
 
 
 @needs_onednn
-@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_decode_shaped_calls_leave_onednn_after_a_stall_and_large_ones_stay() -> None:
+    torch.manual_seed(4)
+    watch = StallWatch(hold_s=60.0)
+    layer = Linear(BIG[1], BIG[0], bias=False)
+    layer.kernel = LinearKernel(watch)
+    one, many = torch.randn(1, BIG[1]), torch.randn(ONEDNN_MIN_ROWS, BIG[1])
+    with torch.inference_mode():
+        layer(one)
+        assert layer.kernel.packed is not None and layer.kernel.fastest < float("inf")  # ran on oneDNN, timed
+        for _ in range(STALLS_TO_TRIP):
+            watch.observe(1.0, layer.kernel.fastest)  # as if another process were holding a core
+        assert not layer.kernel.uses_onednn(one, layer.weight)  # decode-shaped: F.linear for now
+        torch.testing.assert_close(layer(one), F.linear(one, layer.weight), rtol=0, atol=0)
+        assert layer.kernel.uses_onednn(many, layer.weight)  # many rows: the stall is amortised
+
+
+def test_weights_live_in_in_out_memory_with_shape_values_and_names_unchanged() -> None:
+    torch.manual_seed(3)
+    layer = Linear(BIG[1], BIG[0])
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    x = torch.randn(2, 3, BIG[1])
+    with torch.inference_mode():
+        got = layer(x)
+    assert layer.weight.shape == (BIG[0], BIG[1]) and layer.weight.stride() == (1, BIG[0])  # (in, out) memory
+    assert isinstance(layer.weight, nn.Parameter) and list(layer.state_dict()) == list(before)
+    for name, value in layer.state_dict().items():
+        assert torch.equal(value, before[name])
+    torch.testing.assert_close(got, F.linear(x, before["weight"], before["bias"]), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [ONEDNN_MIN_ROWS, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_onednn_matches_f_linear(rows: int, bias: bool) -> None:
     torch.manual_seed(0)
@@ -49,9 +99,10 @@ def test_onednn_matches_f_linear(rows: int, bias: bool) -> None:
 def test_repacks_when_the_weight_changes_in_place_or_is_replaced() -> None:
     torch.manual_seed(1)
     layer = Linear(BIG[1], BIG[0], bias=False)
-    x = torch.randn(1, BIG[1])
+    x = torch.randn(ONEDNN_MIN_ROWS, BIG[1])
     with torch.inference_mode():
         layer(x)
+    assert layer.kernel.packed is not None
     other = nn.Linear(BIG[1], BIG[0], bias=False)
     layer.load_state_dict(other.state_dict())  # an in-place copy: same storage, new version
     with torch.inference_mode():
@@ -81,13 +132,20 @@ def test_set_linear_kernel_switches_a_whole_model_and_rejects_unknown_names() ->
     assert len(kernels) == model.config.num_hidden_layers * 9 + 1
     ids = torch.randint(0, model.config.vocab_size, (1, 300))
     pos = torch.arange(300)[None]
+    qkv = model.model.layers[0].self_attn.qkv_proj
     with torch.inference_mode():
-        auto = model(ids, pos)
+        auto = model.compute_logits(model(ids, pos))
         assert any(k.packed is not None for k in kernels)
+        assert qkv.weight.stride(0) == 1 and model.lm_head.weight.stride(0) == 1  # (in, out) memory, merged too
         set_linear_kernel(model, "torch")
         assert all(k.packed is None and k.choice == "torch" for k in kernels)
-        plain = model(ids, pos)
+        plain = model.compute_logits(model(ids, pos))
         assert all(k.packed is None for k in kernels)  # "torch": nothing repacked
+        assert qkv.weight.is_contiguous() and model.lm_head.weight.is_contiguous()  # back to (out, in) memory
+        assert model.model.layers[0].self_attn.q_proj.weight.data_ptr() == qkv.weight.data_ptr()  # still merged
+        set_linear_kernel(model, "auto")
+        again = model.compute_logits(model(ids, pos))
     torch.testing.assert_close(auto, plain, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(auto, again, rtol=0, atol=0)
     with pytest.raises(ValueError, match="'mkl' is not one of auto, torch"):
         set_linear_kernel(model, "mkl")
