@@ -19,6 +19,11 @@ A full run writes docs/benchmarks/kvcache.md (a smoke run writes a file only whe
 4. Where a decode step's time goes: engine stages, a profile of the forward pass by operator, the floor set
    by the matmul kernels alone (every weight matrix times one vector, nothing else), and the attention call
    as labkit makes it against a fused grouped-query call.
+5. The same decode step against the matrix-vector (GEMV) roof (``labkit.analysis.decode_roof``): the bandwidth a
+   plain GEMV reaches on a 256 MiB matrix with each kernel (``F.linear``, ``x @ W`` over an (in, out) weight,
+   oneDNN's packed layout), then the whole step with labkit's linear kernels (``labkit.model.linear``, "auto")
+   and with ``F.linear`` everywhere ("torch"), in interleaved rounds, each split into linear layers, attention
+   and everything else. Goal (issue #24): the whole step at >= 0.80 of the plain GEMV roof.
 
 Benchmarks are scripts, not tests (DESIGN.md §6): compare side by side in one run, report ratios, name the
 hardware. Timings synchronise the device before reading the clock (``StageClock``, ``time_fn``).
@@ -41,10 +46,12 @@ from benchlib.kvcache_measure import (  # noqa: E402
     measure_decode_points,
     measure_generation,
     measure_mbu,
+    measure_roof_rounds,
 )
 from benchlib.kvcache_report import report  # noqa: E402
 
 from labkit import LLM  # noqa: E402
+from labkit.analysis.decode_roof import measure_gemv_roof  # noqa: E402
 from labkit.analysis.hardware import probe  # noqa: E402
 from labkit.workbook.workloads import prompt_ids_of_length  # noqa: E402
 
@@ -62,6 +69,8 @@ def main() -> int:
     other_load = OtherLoad()
     roof = probe(device, dtype, smoke=args.smoke)
     print(roof.summary())
+    gemv = measure_gemv_roof(device, dtype, nbytes=sizes.gemv_bytes)
+    print(gemv.summary())
 
     max_len = max(sizes.contexts) + sizes.decode_steps + 2
     model_name = "labkit-tiny"
@@ -79,9 +88,11 @@ def main() -> int:
     decode_steps(big, prompt_ids_of_length(big.tokenizer, 16, seed=0), 3)  # warm-up
     res = measure_mbu(big, args.preset, sizes.mbu_context, sizes.mbu_steps)
     bd = measure_breakdown(big.model, sizes.mbu_context, sizes.profile_steps)
+    roof_rounds = measure_roof_rounds(big, gemv, sizes.mbu_context, sizes.mbu_steps, sizes.roof_rounds)
 
     load = other_load.fraction()
-    text = report(command, hw, roof, sizes, model_name, points, runs, res, bd, time.perf_counter() - t0, load)
+    text = report(command, hw, roof, sizes, model_name, points, runs, res, bd, roof_rounds, time.perf_counter() - t0,
+                  load)
     finish_report(text, out, load)
     return 0
 

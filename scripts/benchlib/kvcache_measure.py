@@ -12,12 +12,14 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from labkit import LLM, SamplingParams
+from labkit.analysis.decode_roof import DecodeBreakdown, GemvRoof, measure_decode_breakdown
 from labkit.analysis.roofline import StepCost, decode_cost
 from labkit.analysis.timing import time_fn
 from labkit.cache import ContiguousKVCache
 from labkit.device import synchronize
 from labkit.model import CausalLM
 from labkit.model.attention import sdpa
+from labkit.model.linear import set_linear_kernel
 from labkit.workbook.workloads import prompt_ids_of_length
 
 
@@ -32,12 +34,14 @@ class Sizes:
     mbu_context: int  # prompt length before the timed decode steps of the preset
     mbu_steps: int
     profile_steps: int
+    roof_rounds: int  # interleaved rounds of the decode step against the GEMV roof, each kernel once per round
+    gemv_bytes: int  # size of the matrix the GEMV roof is measured on
 
 
 FULL = Sizes(contexts=(16, 64, 256, 512, 1024), decode_steps=8, gen_prompt_len=16, gen_tokens=512,
-             mbu_context=128, mbu_steps=32, profile_steps=8)
+             mbu_context=128, mbu_steps=32, profile_steps=8, roof_rounds=5, gemv_bytes=256 << 20)
 SMOKE = Sizes(contexts=(16, 64, 128), decode_steps=3, gen_prompt_len=8, gen_tokens=24,
-              mbu_context=32, mbu_steps=4, profile_steps=2)
+              mbu_context=32, mbu_steps=4, profile_steps=2, roof_rounds=2, gemv_bytes=16 << 20)
 
 
 # ---- records ----
@@ -91,8 +95,9 @@ class Breakdown:
     forward_s: float  # the forward pass timed by itself (no engine around it)
     ops: list[OpTime]
     ops_per_step: float
-    matmul_floor_s: float  # every nn.Linear weight times one vector, back to back, nothing else
+    matmul_floor_s: float  # every nn.Linear weight times one vector with F.linear, back to back, nothing else
     matmul_floor_t_s: float  # the same with each weight stored transposed, (in, out): x @ W_t
+    matmul_floor_labkit_s: float  # the same products as the model runs them: its merged layers, its linear kernels
     matmul_bytes: int
     attention_labkit_s: float  # labkit's sdpa (repeat_kv + boolean mask), all layers
     attention_fused_s: float  # F.scaled_dot_product_attention(enable_gqa=True), no mask, all layers
@@ -177,7 +182,7 @@ def decode_forward(model: CausalLM, cache: ContiguousKVCache, token: torch.Tenso
 
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
-    "matmul (linear layers, lm_head)": ("aten::mm", "aten::addmm"),
+    "matmul (linear layers, lm_head)": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"),
     "attention kernel": ("aten::_scaled_dot_product_flash_attention_for_cpu",
                          "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::_softmax", "aten::baddbmm"),
     "copies (repeat_kv, cache writes, casts)": ("aten::copy_", "aten::clone", "aten::_to_copy", "aten::contiguous",
@@ -240,6 +245,15 @@ def measure_breakdown(model: CausalLM, context: int, num_steps: int) -> Breakdow
 
     floor_t = statistics.median(time_fn(matmuls_t, dev, repeats=max(5, num_steps), warmup=2))
     weights_t.clear()  # free the copies before the attention measurements
+    # The same weights as the model multiplies them: q/k/v and gate/up merged, each on its LinearKernel's choice.
+    calls: list[tuple[object, torch.Tensor]] = []
+    for layer in model.model.layers:
+        for part in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up, layer.mlp.down_proj):
+            in_features = part.in_features if isinstance(part, torch.nn.Linear) else part.linears[0].in_features
+            calls.append((part, torch.randn(1, 1, in_features, device=dev, dtype=model.dtype)))
+    calls.append((model.lm_head, torch.randn(1, model.config.hidden_size, device=dev, dtype=model.dtype)))
+    floor_labkit = statistics.median(time_fn(lambda: [part(x) for part, x in calls], dev,  # type: ignore[operator]
+                                             repeats=max(5, num_steps), warmup=2))
 
     # The attention call at this context, as labkit makes it and as one fused GQA call.
     cfg = model.config
@@ -252,5 +266,33 @@ def measure_breakdown(model: CausalLM, context: int, num_steps: int) -> Breakdow
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, d) views of the cache
     fused = statistics.median(time_fn(lambda: F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True),
                                       dev, 20, 3)) * layers
-    return Breakdown(statistics.median(times), ops, ops_per_step, floor, floor_t, matmul_bytes, labkit_attn, fused,
-                     categories)
+    return Breakdown(statistics.median(times), ops, ops_per_step, floor, floor_t, floor_labkit, matmul_bytes,
+                     labkit_attn, fused, categories)
+
+
+@dataclass
+class RoofRounds:
+    """The GEMV roof, and the preset's batch-1 decode step with each linear kernel, interleaved rounds."""
+
+    gemv: GemvRoof
+    context_len: int
+    steps: int
+    rounds: dict[str, list[DecodeBreakdown]]  # linear kernel ("auto", "torch") -> one breakdown per round
+
+    def median(self, kernel: str, part: str) -> float:
+        return statistics.median(getattr(b, part) for b in self.rounds[kernel])
+
+
+def measure_roof_rounds(llm: LLM, gemv: GemvRoof, context: int, steps: int, num_rounds: int) -> RoofRounds:
+    """Decode steps with labkit's linear kernels ("auto") and with F.linear everywhere ("torch"), round by round,
+    rotating which goes first; each round also splits the step into linear layers, attention and the rest."""
+    ids = prompt_ids_of_length(llm.tokenizer, context, seed=11)
+    kernels = ("auto", "torch")
+    rounds: dict[str, list[DecodeBreakdown]] = {k: [] for k in kernels}
+    for r in tqdm(range(num_rounds), desc="decode vs the GEMV roof (rounds)"):
+        for kernel in kernels[r % 2:] + kernels[: r % 2]:
+            set_linear_kernel(llm.model, kernel)
+            measure_decode_breakdown(llm, ids, 2, ContiguousKVCache)  # warm-up: repack, first calls
+            rounds[kernel].append(measure_decode_breakdown(llm, ids, steps, ContiguousKVCache))
+    set_linear_kernel(llm.model, "auto")
+    return RoofRounds(gemv, context, steps, rounds)
