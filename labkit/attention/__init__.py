@@ -3,16 +3,19 @@
 ``ATTENTION_BACKENDS`` maps a name to a ``PagedAttentionBackend`` subclass; the model runner builds one per
 step from that step's ``PagedAttentionMetadata``. A learner's backend (a subclass) can be passed as the
 class itself. ``"triton"`` (notebook 11) is registered only where the triton package imports (its wheels are for
-Linux). Introduced in notebook 06 (``06_paged_attention``).
+Linux). ``"cpp"`` is always registered: its kernel compiles on first use, and without a compiler it runs the PyTorch
+path after one warning. Introduced in notebook 06 (``06_paged_attention``).
 """
 
 from __future__ import annotations
 
+from labkit.attention.cpp_decode import CppAttentionBackend
 from labkit.attention.metadata import PagedAttentionBackend, PagedAttentionMetadata
 from labkit.attention.torch_sdpa import TorchAttentionBackend
 
 ATTENTION_BACKENDS: dict[str, type[PagedAttentionBackend]] = {
     TorchAttentionBackend.name: TorchAttentionBackend,
+    CppAttentionBackend.name: CppAttentionBackend,  # compiled on first use, not on import
 }
 
 TRITON_MISSING: str | None = None  # why "triton" is not registered, if it is not
@@ -41,5 +44,5 @@ def resolve_attention_backend(backend: str | type) -> type[PagedAttentionBackend
                     f"subclass of labkit.attention.PagedAttentionBackend, got {backend!r}")
 
 
-__all__ = ["ATTENTION_BACKENDS", "TRITON_MISSING", "PagedAttentionBackend", "PagedAttentionMetadata",
-           "TorchAttentionBackend", "resolve_attention_backend"]
+__all__ = ["ATTENTION_BACKENDS", "TRITON_MISSING", "CppAttentionBackend", "PagedAttentionBackend",
+           "PagedAttentionMetadata", "TorchAttentionBackend", "resolve_attention_backend"]

@@ -89,7 +89,7 @@ def test_without_triton_labkit_works_and_says_why_triton_is_missing() -> None:
     result = run_python(
         "import sys; sys.modules['triton'] = None\n"  # every `import triton` now raises ImportError
         "from labkit import LLM, SamplingParams, ATTENTION_BACKENDS\n"
-        "assert sorted(ATTENTION_BACKENDS) == ['torch'], ATTENTION_BACKENDS\n"
+        "assert sorted(ATTENTION_BACKENDS) == ['cpp', 'torch'], ATTENTION_BACKENDS\n"
         "llm = LLM(engine='continuous', device='cpu')\n"
         "out = llm.generate(['Once upon'], SamplingParams(max_tokens=3), use_tqdm=False)[0]\n"
         "print(len(out.outputs[0].token_ids))\n"
@@ -101,7 +101,7 @@ def test_without_triton_labkit_works_and_says_why_triton_is_missing() -> None:
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "3"
     assert "attention_backend 'triton' needs the triton package" in lines[1] and "Linux" in lines[1]
-    assert "registered backends: torch" in lines[1]
+    assert "registered backends: torch, cpp" in lines[1]
 
 
 AOT = """
