@@ -22,13 +22,17 @@ In one run, on the bundled model (CPU float32 unless --device says otherwise):
 1c. Where ``chunked``'s time goes (CPU): one run at the fewest and the most slots with the linear layers
    and the attention backend timed, the rest being everything else; and the throughput ceiling if only the
    linear layers took time.
+1d. A prefill-heavier mix (``data/workloads/prefill_heavy_48.jsonl``: 48 requests, prompts 16-768 tokens, outputs
+   16-192): ``chunked`` against transformers' padded ``generate``, both with 16 slots and default options, in the
+   same rounds as part 1.
 2. Chunked prefill against whole-prompt prefill (notebook 08's experiment, larger): short requests decode
    while long prompts arrive mid-run (``LLM.generate(..., arrival_times=...)``). p99 ITL (every gap of
    every request) and throughput of ``continuous`` and of ``chunked`` at several token budgets, medians of
    a few repetitions, as ratios against ``continuous``.
 
-Goals (the issue's): ``chunked`` >= 2x transformers' padded ``generate`` and >= 3x its continuous batching in
-output tokens/s; p99 ITL with chunking <= 0.5x without it, at <= 10% throughput cost.
+Goals (the issues'): ``chunked`` >= 2x transformers' padded ``generate`` (on both workloads) and >= 3x its continuous
+batching in output tokens/s, at 16 equal slots and with each at its own best number of slots; p99 ITL with chunking
+<= 0.5x without it, at <= 10% throughput cost.
 
 Benchmarks are scripts, not tests (DESIGN.md section 6): compare side by side in one run, report ratios, name
 the hardware. Notebooks 07 and 08 explain what is measured here.
@@ -100,12 +104,16 @@ def main() -> int:
 
     # Part 2 first: its short runs are the most sensitive to the machine slowing down over a long run.
     chunk_rows, decode_step, long_arrivals, example_runs = chunk_experiment(sizes, device)
-    workload = materialise(load_workload(sizes.workload), load_tokenizer(bundled_model_path()), seed=0)
+    tokenizer = load_tokenizer(bundled_model_path())
+    workload = materialise(load_workload(sizes.workload), tokenizer, seed=0)
+    prefill_workload = materialise(load_workload(sizes.prefill_workload), tokenizer, seed=1)
     print(workload.summary())
+    print(prefill_workload.summary())
     repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 3)
     model = None if args.skip_transformers else hf_model(device)
     rounds: list[list[Result]] = []
     sweep: dict[int, list[tuple[Result, Result | None]]] = {n: [] for n in sizes.slots}
+    prefill_rounds: list[tuple[Result, Result | None]] = []  # part 1d: chunked and padded generate, default options
     for _ in tqdm(range(repeats), desc="rounds of part 1"):  # whole rounds, so a slow spell hits every system
         results = [run_labkit(engine, workload, sizes, device) for engine in LABKIT_ENGINES]
         if model is not None:
@@ -121,6 +129,8 @@ def main() -> int:
             sweep[slots].append((run_labkit("chunked", workload, sized, device),
                                  None if model is None else run_hf_continuous(model, workload, sized,
                                                                               kv_tokens_for(slots))))
+        prefill_rounds.append((run_labkit("chunked", prefill_workload, sizes, device),  # part 1d, same round
+                               None if model is None else run_hf_generate(model, prefill_workload, sizes)))
     # Each system's median round; each ratio also per round, to show the spread.
     results = [median_run(list(runs)) for runs in zip(*rounds)]
     round_ratios = {r.name: [next(x for x in rnd if x.name == "chunked").tokens_per_s / x.tokens_per_s
@@ -168,7 +178,8 @@ def main() -> int:
     out = args.out if args.out is not None else (None if args.smoke else DEFAULT_OUT)
     text, goals = report(command, sizes, workload, results, chunk_rows, decode_step, long_arrivals, hw, wall_s,
                          figure_stem=None if out is None else out.stem, other_load=other, round_ratios=round_ratios,
-                         slot_rows=slot_rows, breakdowns=breakdowns)
+                         slot_rows=slot_rows, breakdowns=breakdowns,
+                         prefill=(prefill_workload, prefill_rounds))
     print("\n" + "\n".join(goals))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

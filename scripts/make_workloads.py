@@ -17,6 +17,8 @@ The workloads:
   (median 16).
 - uniform_small_16: 16 requests, prompts uniform in 8-64 tokens, outputs uniform in 8-32: a quick sanity run.
 - uniform_64: 64 requests, prompts uniform in 32-512, outputs uniform in 32-128: varied, but no long tail.
+- prefill_heavy_48: 48 requests, prompts uniform in 16-768 tokens, outputs uniform in 16-192: more of the work is
+  prefill than in heterogeneous_64 (scripts/bench_engines.py compares with transformers' padded generate on both).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
         16, prompt_range=(8, 64), output_range=(8, 32), seed=2, name="uniform_small_16"),
     "uniform_64": lambda: uniform_lengths(
         64, prompt_range=(32, 512), output_range=(32, 128), seed=3, name="uniform_64"),
+    "prefill_heavy_48": lambda: uniform_lengths(
+        48, prompt_range=(16, 768), output_range=(16, 192), seed=4, name="prefill_heavy_48"),
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-import torch
 from bench_common import timed
 from tqdm.auto import tqdm
 
@@ -13,6 +12,7 @@ from benchlib.engines_throughput import Result, Sizes
 from labkit import LLM, SamplingParams
 from labkit.attention import TorchAttentionBackend
 from labkit.metrics.summary import Run, run_workload, summarize
+from labkit.model.linear import LinearKernel
 from labkit.workbook.workloads import Workload, prompt_ids_of_length, sampling_params_for
 
 # ---- part 1b: batch slots ----
@@ -59,7 +59,7 @@ class Breakdown:
     slots: int
     output_tokens: int
     total: float  # seconds: wall time of the whole workload
-    matmul: float  # inside F.linear: MKL's matrix multiply, the same work transformers does
+    matmul: float  # inside the linear layers' kernels (labkit.model.linear): the same work transformers does
     attention: float  # inside the attention backend: K/V writes and gathers, scores, softmax, values
     other: float  # everything else: scheduler, runner, norms, RoPE, activations, sampling, detokenizing
 
@@ -70,13 +70,13 @@ class Breakdown:
 
 
 def time_breakdown(workload: Workload, sizes: Sizes, slots: int) -> Breakdown:
-    """One run of ``chunked`` on the CPU with every ``F.linear`` call and every attention call timed."""
+    """One run of ``chunked`` on the CPU with every linear kernel call and every attention call timed."""
     llm = LLM("labkit-tiny", engine="chunked", device="cpu", dtype="float32", max_num_seqs=slots,
               max_num_batched_tokens=sizes.budget)
     prompts, params = workload.prompts(), sampling_params_for(workload)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
     matmul, attention = [0.0], [0.0]
-    with timed(torch.nn.functional, "linear", matmul), timed(TorchAttentionBackend, "attend", attention):
+    with timed(LinearKernel, "__call__", matmul), timed(TorchAttentionBackend, "attend", attention):
         run = run_workload(llm, prompts, params)
     return Breakdown(slots, workload.num_output_tokens, run.wall_time, matmul[0], attention[0],
                      run.wall_time - matmul[0] - attention[0])

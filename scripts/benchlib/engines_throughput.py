@@ -24,6 +24,7 @@ class Sizes:
     """How much work each part does; --smoke shrinks everything."""
 
     workload: str  # a file in data/workloads/
+    prefill_workload: str  # the prefill-heavier mix of part 1d
     max_num_seqs: int  # batch slots of every engine (and transformers' batch size)
     budget: int  # max_num_batched_tokens of chunked (and transformers' max_batch_tokens)
     num_short: int  # chunking experiment: requests decoding when the long prompts arrive
@@ -37,10 +38,12 @@ class Sizes:
     slots: tuple[int, ...]  # batch-slot sweep of chunked and transformers' continuous batching (part 1b)
 
 
-FULL = Sizes(workload="heterogeneous_64", max_num_seqs=16, budget=512, num_short=12, short_prompt=32,
+FULL = Sizes(workload="heterogeneous_64", prefill_workload="prefill_heavy_48",
+             max_num_seqs=16, budget=512, num_short=12, short_prompt=32,
              short_output=128, num_long=4, long_prompt=1024, long_output=16, budgets=(128, 256, 512), repeats=5,
              slots=(8, 16, 32, 64))
-SMOKE = Sizes(workload="heterogeneous_small_16", max_num_seqs=4, budget=64, num_short=3, short_prompt=16,
+SMOKE = Sizes(workload="heterogeneous_small_16", prefill_workload="uniform_small_16",
+              max_num_seqs=4, budget=64, num_short=3, short_prompt=16,
               short_output=24, num_long=1, long_prompt=256, long_output=4, budgets=(64,), repeats=1, slots=(2, 4))
 
 
