@@ -15,6 +15,8 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
+	# the "cpp" attention backend's kernel, built now rather than in the middle of a notebook (no compiler: skipped)
+	$(BIN)/python -m labkit.attention
 	touch $(STAMP)
 
 ## Open the workbook in JupyterLab on 127.0.0.1 (works as root too).

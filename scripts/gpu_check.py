@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
 
     checks = [run_check("hardware probe", hardware), run_check("CUDA tests", lambda: check_cuda_tests(plan)),
               run_check("notebooks", lambda: check_notebooks(plan))]
-    backends = args.attention_backend or (["torch"] if args.dry_run else list(ATTENTION_BACKENDS))
+    backends = args.attention_backend or (["torch"] if args.dry_run else
+                                          [b for b in ATTENTION_BACKENDS if b != "cpp"])  # "cpp": the CPU's
     if roofs:
         checks.append(run_check("decode MBU", lambda: check_mbu(plan, roofs[0], backends)))
         checks.append(run_check("decode attention", lambda: attention_kernel_rows(

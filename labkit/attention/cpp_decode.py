@@ -135,20 +135,21 @@ def compile_extension(source: Path) -> CppExtension:
 
 @functools.cache
 def load_result() -> CppExtension:
-    """Loaded once per process; a failure is warned about here, once."""
-    result = compile_extension(SOURCE)
-    if result.missing is not None:
+    """Loaded (or built) once per process."""
+    return compile_extension(SOURCE)
+
+
+def load_extension(warn: bool = True) -> ModuleType | None:
+    """The compiled kernel module (``paged_decode``), building it on first use, or None where it cannot be built:
+    then, with ``warn``, one warning per process says why ("auto" asks without: it just takes "torch")."""
+    result = load_result()
+    if result.missing is not None and warn:
         fallback_warning(result.missing)
-    return result
-
-
-def load_extension() -> ModuleType | None:
-    """The compiled kernel module (``paged_decode``), building it on first use, or None where it cannot be built."""
-    return load_result().module
+    return result.module
 
 
 def cpp_missing() -> str | None:
-    """Why the kernel is not available (None when it is); loads it first if no one has yet."""
+    """Why the kernel is not available (None when it is); loads it first if no one has yet, without a warning."""
     return load_result().missing
 
 
@@ -214,3 +215,4 @@ class CppAttentionBackend(TorchAttentionBackend):
         if self.cpp_decode is None:
             return super()._attend_decodes(q, k_pool, v_pool)
         return paged_decode_attention(q, k_pool, v_pool, self.cpp_decode.block_tables, self.cpp_decode.context_lens)
+

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from labkit.attention import ATTENTION_BACKENDS, PagedAttentionBackend, resolve_attention_backend
+from labkit.attention import ATTENTION_BACKENDS, AUTO, PagedAttentionBackend, resolve_attention_backend
 from labkit.cache.block_manager import BlockManager
 from labkit.cache.contiguous import ContiguousKVCache
 from labkit.engine.sched.scheduler import Scheduler
@@ -82,7 +82,8 @@ class PagedConfig(EngineConfig):
     # Pluggable parts (vLLM's names): classes, or their import paths "module.Class" (made classes on creation).
     scheduler_cls: type[Scheduler] | None = None  # None: the engine's own (static for "paged")
     block_manager_cls: type[BlockManager] = BlockManager
-    attention_backend: type[PagedAttentionBackend] | str = "torch"  # or a name in ATTENTION_BACKENDS
+    # A name in ATTENTION_BACKENDS, a class, or "auto": "cpp" on a CPU where its kernel builds, else "torch".
+    attention_backend: type[PagedAttentionBackend] | str = AUTO
     # Check the block manager's books after every step (default: on when LABKIT_DEBUG_CHECKS=1, as in the tests).
     debug_checks: bool = field(default_factory=debug_checks_default)
     # Host-side options (notebook 10). "loop" is the per-token Python input preparation it starts from.
@@ -117,13 +118,14 @@ class PagedConfig(EngineConfig):
         backend = self.attention_backend
         if isinstance(backend, str) and "." in backend:  # an import path, e.g. from the server's command line
             backend = resolve_class("attention_backend", backend, PagedAttentionBackend)
-        self.attention_backend = resolve_attention_backend(backend)
+        # "auto" waits for the device (the engine resolves it); anything else is checked now
+        self.attention_backend = backend if backend == AUTO else resolve_attention_backend(backend)
 
     def use_cuda_graphs(self, device_type: str) -> bool:
         """Whether decode steps run as CUDA graphs on this device: ``enforce_eager=None`` means yes on CUDA and no
         elsewhere (vLLM's default on a GPU); ``enforce_eager=False`` off CUDA is an error, not a silent no-op."""
         # A captured decode step replays labkit's own decode attention: another backend (a learner's) runs eagerly.
-        own_backend = resolve_attention_backend(self.attention_backend) is ATTENTION_BACKENDS["torch"]
+        own_backend = resolve_attention_backend(self.attention_backend, device_type) is ATTENTION_BACKENDS["torch"]
         if self.enforce_eager is None:
             return device_type == "cuda" and own_backend
         if not self.enforce_eager and device_type != "cuda":

@@ -38,7 +38,8 @@ class ContinuousEngine(AsyncEngineCore):
                 self.drafter = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
             else:
                 self.drafter = DraftModelProposer(model, spec.draft_num_layers, self.pool, self.block_manager,
-                                                  resolve_attention_backend(self.config.attention_backend))
+                                                  resolve_attention_backend(self.config.attention_backend,
+                                                                            model.device.type, model.dtype))
 
     @property
     def max_num_batched_tokens(self) -> int:

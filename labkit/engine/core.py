@@ -52,8 +52,8 @@ class EngineCore(Engine):
         self.pool = PagedKVPool(model.config, self.num_blocks + 1, self.config.block_size, model.device, model.dtype)
         self.block_manager = self.config.block_manager_cls(self.num_blocks, self.config.block_size,
                                                            self.config.enable_prefix_caching)
-        self.runner = ModelRunner(model, self.pool, self.block_manager, self.config.prepare_inputs,
-                                  resolve_attention_backend(self.config.attention_backend))
+        backend = resolve_attention_backend(self.config.attention_backend, model.device.type, model.dtype)
+        self.runner = ModelRunner(model, self.pool, self.block_manager, self.config.prepare_inputs, backend)
         if use_graphs:  # every graph is captured here, at start-up: none mid-run
             assert self.config.max_model_len is not None and self.config.cuda_graph_sizes is not None
             max_blocks = self.block_manager.blocks_needed(self.config.max_model_len)

@@ -10,7 +10,7 @@ Introduced in notebook 03 (``03_kv_cache``); every notebook that compares system
 
 from labkit.measure.load import LoadReport, check_machine, measure_load
 from labkit.measure.rounds import Rounds, default_rounds, interleave, plot_rounds
-from labkit.measure.verdict import Verdict, audit, compare, signed_change, trend
+from labkit.measure.verdict import Verdict, audit, compare, reaches, signed_change, trend
 
 __all__ = ["LoadReport", "Rounds", "Verdict", "audit", "check_machine", "compare", "default_rounds", "interleave",
-           "measure_load", "plot_rounds", "signed_change", "trend"]
+           "measure_load", "plot_rounds", "reaches", "signed_change", "trend"]

@@ -111,6 +111,21 @@ def trend(xs: Sequence[float], rounds_per_x: Sequence[Sequence[float]], expect: 
     return Verdict(claim, outcome, med, (min(ratios), max(ratios)), text)
 
 
+def reaches(values: Sequence[float], target: float, claim: str, unit: str = "", fmt: str = ".2f", why_not: str = "",
+            rounds: Rounds | None = None) -> Verdict:
+    """Check that a quantity reaches ``target`` (a goal, a fraction of a roof) in every round."""
+    if not values or target <= 0:
+        raise ValueError(f"reaches needs at least one value and a positive target, got {len(values)} values and "
+                         f"target {target}")
+    ratios = [v / target for v in values]
+    outcome = outcome_of(ratios)
+    med = statistics.median(values)
+    text = (f"{MARK[outcome]} {claim}: {med:{fmt}} {unit}".rstrip() + f" against {target:{fmt}} (median of "
+            f"{len(values)} rounds: {med / target:.2f}x the target; rounds {min(ratios):.2f}x-{max(ratios):.2f}x)"
+            + _explain(outcome, why_not, rounds))
+    return Verdict(claim, outcome, med / target, (min(ratios), max(ratios)), text)
+
+
 def signed_change(value: float, base: float, higher_is_better: bool, what: str) -> str:
     """'costs 12.2%' or 'gains 12.2%' of ``what``: the sign and the word agree (a cost is positive when worse)."""
     if base == 0:

@@ -10,7 +10,8 @@ faster than MKL (its threads split the matrix) and reaches about twice MKL's GEM
 
 oneDNN's threads wait for each other at the end of every call. When another process holds one of the cores, the
 waiting thread's partner only runs again at the next scheduler tick: a 0.2 ms call then takes several milliseconds.
-Calls with many rows amortise that; decode-shaped calls (few rows) do not, so ``StallWatch`` times them, and after
+Calls with many rows amortise that; decode-shaped calls (few rows) do not, so they run on oneDNN only for weights
+too large for the caches (where its streaming pays), ``StallWatch`` times them, and after
 a few such stalls in a row they run on ``F.linear`` over the (in, out) memory (which stays fast under load) for
 ``STALL_HOLD_S`` seconds before oneDNN is tried again. Notebook 04 measures the layouts and kernels
 (``labkit.analysis.decode_roof``) and shows the stalls.
@@ -32,6 +33,8 @@ from torch import nn
 from torch.nn import functional as F
 
 ONEDNN_MIN_ROWS = 16  # rows of a call from which oneDNN always runs it (the stall cost is amortised)
+ONEDNN_MIN_WEIGHT = 1 << 18  # elements (1 MiB in float32): below, a call with fewer rows stays on F.linear (the
+# weight sits in the caches, where oneDNN's fixed cost per call outweighs its faster streaming)
 LINEAR_KERNELS = ("auto", "torch")  # "auto": the choices above (CPU, float32); "torch": F.linear, (out, in) storage
 STALL_MIN_S = 1e-3  # a decode-shaped oneDNN call this slow ...
 STALL_RATIO = 4.0  # ... and this many times its layer's fastest call waited for a descheduled thread
@@ -111,8 +114,8 @@ class LinearKernel:
             return False
         if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
             return False  # oneDNN's packed op has no backward
-        if x.numel() < ONEDNN_MIN_ROWS * x.shape[-1] and self.watch.recent():
-            return False  # decode-shaped, and another process holds a core: F.linear does not stall
+        if x.numel() < ONEDNN_MIN_ROWS * x.shape[-1] and (weight.numel() < ONEDNN_MIN_WEIGHT or self.watch.recent()):
+            return False  # decode-shaped: a small weight, or another process holds a core (F.linear does not stall)
         return onednn_linear_available()
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit import ATTENTION_BACKENDS, LLM, SamplingParams
-from labkit.attention import PagedAttentionMetadata, TorchAttentionBackend, cpp_decode
+from labkit.attention import PagedAttentionMetadata, TorchAttentionBackend, cpp_decode, resolve_attention_backend
 from labkit.attention.cpp_decode import CppAttentionBackend
 from labkit.attention.decode import split_decode_attention, split_decode_blocks
 from labkit.cache.paged import PagedKVPool
@@ -202,7 +202,7 @@ def test_engine_tokens_equal_transformers(kernel: ModuleType, engine: str, optio
 
 
 FALLBACK = """
-import json, sys, warnings
+import json, os, sys, warnings
 from pathlib import Path
 warnings.simplefilter("always")  # a repeated warning would show: "once" must come from labkit itself
 with warnings.catch_warnings(record=True) as caught:
@@ -213,13 +213,15 @@ with warnings.catch_warnings(record=True) as caught:
         cpp_decode.SOURCE = Path(sys.argv[3])
     prompts = json.loads(sys.argv[2])
     params = SamplingParams(max_tokens=int(sys.argv[1]), temperature=0, ignore_eos=True)
-    outs = []
+    outs, ran = [], []
+    backend = dict(attention_backend="cpp") if os.environ.get("TEST_BACKEND") != "auto" else {}  # else the default
     for engine, options in (("continuous", {}), ("chunked", dict(max_num_batched_tokens=24))):
-        llm = LLM(engine=engine, device="cpu", attention_backend="cpp", block_size=8, **options)
+        llm = LLM(engine=engine, device="cpu", block_size=8, **backend, **options)
         outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
         assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+        ran.append(llm.engine.runner.attention_backend.__name__)
 ours = [str(w.message) for w in caught if "attention_backend 'cpp'" in str(w.message)]
-print(json.dumps(dict(outs=outs, warnings=ours, missing=cpp_decode.cpp_missing())))
+print(json.dumps(dict(outs=outs, warnings=ours, missing=cpp_decode.cpp_missing(), ran=ran)))
 """
 
 
@@ -246,6 +248,25 @@ def test_without_a_compiler_it_warns_once_and_runs_the_pytorch_path(tmp_path: Pa
     assert report["missing"] == message.split(": attention_backend")[0]
     assert report["outs"] == [reference, reference]
     assert "compiling" not in stdout and not build_root.exists()
+
+
+def test_auto_without_a_compiler_quietly_runs_the_pytorch_backend(tmp_path: Path, prompts: list[list[int]],
+                                                                  reference: list[list[int]]) -> None:
+    """The default ("auto") on a machine with no compiler: "torch", with no warning (nobody asked for "cpp")."""
+    report, stdout = run_fallback(prompts, CXX="/nonexistent/c++", LABKIT_EXTENSIONS_DIR=str(tmp_path / "ext"),
+                                  TEST_BACKEND="auto")
+    assert report["warnings"] == [] and report["missing"].startswith("no C++ compiler found")
+    assert report["ran"] == ["TorchAttentionBackend", "TorchAttentionBackend"]
+    assert report["outs"] == [reference, reference] and "compiling" not in stdout
+
+
+def test_auto_is_cpp_on_a_cpu_where_the_kernel_builds(kernel: ModuleType) -> None:
+    assert resolve_attention_backend("auto", "cpu", torch.float32) is CppAttentionBackend
+    assert resolve_attention_backend("auto", "cpu", torch.float64) is CppAttentionBackend
+    assert resolve_attention_backend("auto", "cpu", torch.bfloat16) is TorchAttentionBackend  # the kernel lacks it
+    assert resolve_attention_backend("auto", "cuda", torch.float32) is TorchAttentionBackend
+    with LLM(engine="continuous", device="cpu", max_model_len=64) as llm:
+        assert llm.engine.runner.attention_backend is CppAttentionBackend
 
 
 def test_a_failed_build_warns_once_and_runs_the_pytorch_path(tmp_path: Path, prompts: list[list[int]],

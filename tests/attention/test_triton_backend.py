@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from labkit import ATTENTION_BACKENDS, LLM, SamplingParams  # noqa: E402
-from labkit.attention import PagedAttentionMetadata, TorchAttentionBackend  # noqa: E402
+from labkit.attention import PagedAttentionMetadata, TorchAttentionBackend, resolve_attention_backend  # noqa: E402
 from labkit.attention.triton_decode import TritonAttentionBackend  # noqa: E402
 from labkit.cache.paged import PagedKVPool  # noqa: E402
 from labkit.exercises.oracle import transformers_greedy  # noqa: E402
@@ -29,7 +29,9 @@ def test_registered_by_name_and_never_the_default() -> None:
     from labkit.engine.config import PagedConfig
 
     assert ATTENTION_BACKENDS["triton"] is TritonAttentionBackend
-    assert PagedConfig().attention_backend is TorchAttentionBackend  # the default stays "torch" until measured
+    assert PagedConfig().attention_backend == "auto"  # "cpp" on a CPU where it builds; "torch" on CUDA until measured
+    for device in ("cuda", "mps"):
+        assert resolve_attention_backend("auto", device, torch.float16) is TorchAttentionBackend
 
 
 @pytest.mark.parametrize("query_lens,context_lens", [

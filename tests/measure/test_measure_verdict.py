@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labkit.measure import Rounds, audit, compare, signed_change, trend
+from labkit.measure import Rounds, audit, compare, reaches, signed_change, trend
 from labkit.measure.load import LoadReport
 
 
@@ -124,3 +124,18 @@ def test_zeros_are_a_tie_not_a_win() -> None:
     assert win.holds and "rounds infx-infx" in win.text and audit(win.text) == []
     lose = compare(r, "chunked", "x", "goodput", True, "chunked serves more")
     assert lose.outcome == "contradicted" and audit(lose.text) == []
+
+
+def test_reaches_judges_every_round_against_the_target_and_audits_clean() -> None:
+    held = reaches([0.91, 0.86, 1.02], 0.80, "the step reaches 0.80 of the roof", unit="of the roof")
+    assert held.holds and held.text.startswith("[holds] the step reaches 0.80 of the roof: 0.91 of the roof")
+    assert "rounds 1.07x-1.27x" in held.text
+    missed = reaches([0.61, 0.70], 0.80, "the step reaches 0.80 of the roof", why_not="another process held a core")
+    assert missed.outcome == "contradicted" and "Likely reason: another process held a core" in missed.text
+    close = reaches([0.79, 0.85], 0.80, "the step reaches 0.80 of the roof")
+    assert close.outcome == "too close to call"
+    assert audit("\n".join(v.text for v in (held, missed, close))) == []
+    planted = held.text.replace("[holds]", "[does NOT hold here]")
+    assert audit(planted)  # a mark that disagrees with its rounds is caught
+    with pytest.raises(ValueError, match="positive target"):
+        reaches([1.0], 0.0, "nothing")

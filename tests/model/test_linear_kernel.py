@@ -12,6 +12,7 @@ from labkit.model.config import ModelConfig
 from labkit.model.decoder import CausalLM
 from labkit.model.linear import (
     ONEDNN_MIN_ROWS,
+    ONEDNN_MIN_WEIGHT,
     STALL_WINDOW_CALLS,
     STALLS_TO_TRIP,
     Linear,
@@ -26,10 +27,13 @@ needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this to
 BIG = (1024, 512)  # out, in
 
 
-def test_float32_on_the_cpu_only() -> None:
-    layer = Linear(BIG[1], BIG[0])
+def test_float32_on_the_cpu_only_and_few_rows_for_large_weights_only() -> None:
+    layer, small = Linear(BIG[1], BIG[0]), Linear(64, 32)
+    assert BIG[0] * BIG[1] >= ONEDNN_MIN_WEIGHT > 64 * 32
     with torch.inference_mode():
         assert layer.kernel.uses_onednn(torch.randn(1, BIG[1]), layer.weight) == onednn_linear_available()
+        assert not small.kernel.uses_onednn(torch.randn(ONEDNN_MIN_ROWS - 1, 64), small.weight)  # in the caches
+        assert small.kernel.uses_onednn(torch.randn(ONEDNN_MIN_ROWS, 64), small.weight) == onednn_linear_available()
         assert not layer.kernel.uses_onednn(torch.randn(64, BIG[1], dtype=torch.float64), layer.weight.double())
         assert not layer.kernel.wants_gemv_layout(layer.weight.bfloat16())
 

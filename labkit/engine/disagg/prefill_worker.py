@@ -86,7 +86,7 @@ class PrefillWorker:
         self.block_manager = BlockManager(-(-spec.max_model_len // spec.block_size), spec.block_size)
         self.pool = PagedKVPool(spec.model_config, self.block_manager.num_blocks, spec.block_size, self.device,
                                 spec.dtype)
-        self.attention_backend = resolve_attention_backend(spec.attention_backend)
+        self.attention_backend = resolve_attention_backend(spec.attention_backend, self.device.type, spec.dtype)
 
     def build_model(self, spec: PrefillWorkerSpec) -> CausalLM:
         model = _materialise(spec.model_config, self.device, spec.dtype)  # empty tensors: no random init
