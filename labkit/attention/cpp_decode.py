@@ -29,6 +29,7 @@ import torch
 from labkit.attention.metadata import PagedAttentionMetadata
 from labkit.attention.torch_sdpa import TorchAttentionBackend
 from labkit.cache.paged import PagedKVPool
+from labkit.model.linear import STALL_WATCH
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_decode_cpu.cpp"
 KERNEL_DTYPES = (torch.float32, torch.float64)
@@ -160,14 +161,17 @@ def fallback_warning(reason: str) -> None:
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor) -> torch.Tensor:
+                           context_lens: torch.Tensor, parallel: bool = True) -> torch.Tensor:
     """One new token per sequence, K/V read in place: q (B, n_heads, d) -> (B, n_heads, d). k_pool, v_pool:
     (num_blocks, block_size, n_kv, d) float32 or float64; block_tables (B, W) and context_lens (B,), int32 or int64.
-    Raises RuntimeError where the kernel cannot be built (``cpp_missing()`` says why)."""
+    ``parallel=False`` runs it on one thread. Raises RuntimeError where the kernel cannot be built (``cpp_missing()``
+    says why)."""
     module = load_extension()
     if module is None:
         raise RuntimeError(f"labkit's C++ decode kernel is not available: {cpp_missing()}")
-    return module.paged_decode(q.contiguous(), k_pool, v_pool, block_tables, context_lens, q.shape[-1] ** -0.5)
+    tasks = q.shape[0] * k_pool.shape[2]  # (sequence, KV head) pairs
+    grain = 1 if parallel else max(1, tasks)  # one thread: no waiting for another (labkit.model.linear's StallWatch)
+    return module.paged_decode(q.contiguous(), k_pool, v_pool, block_tables, context_lens, q.shape[-1] ** -0.5, grain)
 
 
 @dataclass
@@ -214,5 +218,7 @@ class CppAttentionBackend(TorchAttentionBackend):
         # q: (B_decode, n_heads, d)
         if self.cpp_decode is None:
             return super()._attend_decodes(q, k_pool, v_pool)
-        return paged_decode_attention(q, k_pool, v_pool, self.cpp_decode.block_tables, self.cpp_decode.context_lens)
+        d = self.cpp_decode  # one thread while another process holds a core: threads would wait for it every call
+        return paged_decode_attention(q, k_pool, v_pool, d.block_tables, d.context_lens,
+                                      parallel=not STALL_WATCH.recent())
 

@@ -90,6 +90,9 @@ def test_kernel_equals_split_decode_and_sdpa(kernel: ModuleType, dtype: torch.dt
     width = max(len(t) for t in tables) + 2  # wider than needed: columns past a context are never read
     padded = torch.tensor([t + [10**6] * (width - len(t)) for t in tables], dtype=index_dtype)  # junk ids past the end
     got = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, torch.tensor(lens, dtype=index_dtype))
+    one_thread = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, torch.tensor(lens, dtype=index_dtype),
+                                                   parallel=False)
+    torch.testing.assert_close(one_thread, got, rtol=0, atol=0)  # each task's arithmetic is the same on any thread
     split = split_decode_attention(q, k_pool, v_pool, split_decode_blocks(tables, lens, block_size, n_kv, dtype,
                                                                           q.device))
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
@@ -103,11 +106,13 @@ def test_kernel_equals_split_decode_and_sdpa(kernel: ModuleType, dtype: torch.dt
 def test_kernel_rejects_a_table_that_does_not_fit(kernel: ModuleType) -> None:
     q, pool = torch.randn(1, 4, 8), torch.randn(3, 4, 2, 8)
     with pytest.raises(RuntimeError, match=r"block_tables\[0, 1\] = 7 is outside the pool's 3 blocks"):
-        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 7]]), torch.tensor([6]), 1.0)
+        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 7]]), torch.tensor([6]), 1.0, 1)
     with pytest.raises(RuntimeError, match="context_lens\\[0\\] = 9 needs 3 blocks of 4 but block_tables has 2"):
-        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 1]]), torch.tensor([9]), 1.0)
+        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 1]]), torch.tensor([9]), 1.0, 1)
+    with pytest.raises(RuntimeError, match="grain_size must be at least 1, got 0"):
+        kernel.paged_decode(q, pool, pool, torch.tensor([[0]]), torch.tensor([1]), 1.0, 0)
     with pytest.raises(RuntimeError, match="float32 or float64"):
-        kernel.paged_decode(q.half(), pool.half(), pool.half(), torch.tensor([[0]]), torch.tensor([1]), 1.0)
+        kernel.paged_decode(q.half(), pool.half(), pool.half(), torch.tensor([[0]]), torch.tensor([1]), 1.0, 1)
 
 
 @pytest.mark.parametrize("query_lens,context_lens", [
@@ -291,3 +296,27 @@ def test_a_warning_is_raised_per_reason_not_per_step() -> None:
             cpp_decode.fallback_warning("reason A")
         cpp_decode.fallback_warning("reason B")
     assert [str(w.message).split(":")[0] for w in caught] == ["reason A", "reason B"]
+
+
+def test_decodes_run_on_one_thread_while_another_process_holds_a_core(kernel: ModuleType,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After oneDNN's threads kept stalling (labkit.model.linear.StallWatch), the kernel's threads would wait too."""
+    import time
+
+    from labkit.model.linear import STALL_WATCH
+
+    seen: list[bool] = []
+    original = cpp_decode.paged_decode_attention
+
+    def spy(*args: object, parallel: bool = True) -> torch.Tensor:
+        seen.append(parallel)
+        return original(*args, parallel=parallel)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpp_decode, "paged_decode_attention", spy)
+    with LLM(engine="continuous", device="cpu", attention_backend="cpp", max_model_len=64) as llm:
+        llm.generate(["Once upon a time"], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+        assert seen and all(seen)  # a quiet machine: threads
+        seen.clear()
+        monkeypatch.setattr(STALL_WATCH, "tripped_at", time.monotonic())  # as if stalls had just been seen
+        llm.generate(["Once upon a time"], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+        assert seen and not any(seen)

@@ -36,7 +36,7 @@ inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t d) {
 template <typename scalar_t, typename index_t>
 void decode_kernel(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
                    const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
-                   torch::Tensor& out) {
+                   int64_t grain_size, torch::Tensor& out) {
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
   const int64_t batch = q.size(0), n_heads = q.size(1), d = q.size(2);
   const int64_t block_size = k_pool.size(1), n_kv = k_pool.size(2), group = n_heads / n_kv;
@@ -49,7 +49,8 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k_pool, const to
   const index_t* lens = context_lens.data_ptr<index_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
 
-  at::parallel_for(0, batch * n_kv, 1, [&](int64_t begin, int64_t end) {
+  // grain_size >= batch * n_kv: one thread (the caller's choice for small work, or while another process holds a core)
+  at::parallel_for(0, batch * n_kv, grain_size, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> acc(group * d), m(group), l(group), scores(block_size);  // per thread, reused per task
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / n_kv, kv = task % n_kv;
@@ -114,9 +115,10 @@ void check_tables(const torch::Tensor& block_tables, const torch::Tensor& contex
 }  // namespace
 
 // q (B, n_heads, d), k_pool / v_pool (num_blocks, block_size, n_kv, d), block_tables (B, W), context_lens (B,)
-// -> (B, n_heads, d)
+// -> (B, n_heads, d); grain_size: the fewest (sequence, KV head) tasks one thread takes (at::parallel_for's)
 torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
-                           const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale) {
+                           const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
+                           int64_t grain_size) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && v_pool.dim() == 4, "q must be (B, n_heads, d) and the pools "
               "(num_blocks, block_size, n_kv_heads, d)");
   TORCH_CHECK(q.device().is_cpu() && k_pool.device().is_cpu() && v_pool.device().is_cpu() &&
@@ -135,6 +137,7 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, 
               "block_tables must be (B, max_blocks) with contiguous rows");
   TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == q.size(0) && context_lens.is_contiguous(),
               "context_lens must be a contiguous (B,) tensor");
+  TORCH_CHECK(grain_size >= 1, "grain_size must be at least 1, got ", grain_size);
   TORCH_CHECK(block_tables.scalar_type() == context_lens.scalar_type() &&
               (block_tables.scalar_type() == torch::kInt32 || block_tables.scalar_type() == torch::kInt64),
               "block_tables and context_lens must both be int32 or both int64");
@@ -143,8 +146,8 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, 
   if (int32) check_tables<int32_t>(block_tables, context_lens, k_pool.size(0), k_pool.size(1));
   else check_tables<int64_t>(block_tables, context_lens, k_pool.size(0), k_pool.size(1));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "paged_decode", [&] {
-    if (int32) decode_kernel<scalar_t, int32_t>(q, k_pool, v_pool, block_tables, context_lens, scale, out);
-    else decode_kernel<scalar_t, int64_t>(q, k_pool, v_pool, block_tables, context_lens, scale, out);
+    if (int32) decode_kernel<scalar_t, int32_t>(q, k_pool, v_pool, block_tables, context_lens, scale, grain_size, out);
+    else decode_kernel<scalar_t, int64_t>(q, k_pool, v_pool, block_tables, context_lens, scale, grain_size, out);
   });
   return out;
 }
