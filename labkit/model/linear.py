@@ -4,19 +4,19 @@
 Decode multiplies every weight by one row (a matrix-vector product, GEMV), and how fast that streams the weight
 depends on the kernel and the layout far more than on the arithmetic. On a CPU in float32 labkit therefore stores
 each weight as (in, out) in memory (the parameter still reads as (out, in): a transposed view), where MKL's GEMV
-streams it about 1.5x faster, and runs calls with many rows (prefill, large batches) on oneDNN (the library behind
-PyTorch's ``mkldnn`` ops) over a copy repacked once into its blocked layout: it streams a decode-sized weight
-faster than MKL (its threads split the matrix) and reaches about twice MKL's GEMM throughput on prefill.
+streams it about 1.5x faster, and runs the layer on oneDNN (the library behind PyTorch's ``mkldnn`` ops) over a copy
+repacked once into its blocked layout: oneDNN streams a large weight faster than MKL (its threads split the matrix)
+and reaches about twice MKL's GEMM throughput on prefill. Calls with few rows keep ``F.linear`` for weights small
+enough to sit in the caches, where oneDNN's fixed cost per call (~15 µs against ~2 µs) outweighs its streaming.
 
 oneDNN's threads wait for each other at the end of every call. When another process holds one of the cores, the
 waiting thread's partner only runs again at the next scheduler tick: a 0.2 ms call then takes several milliseconds.
-Calls with many rows amortise that; decode-shaped calls (few rows) do not, so they run on oneDNN only for weights
-too large for the caches (where its streaming pays), ``StallWatch`` times them, and after
-a few such stalls in a row they run on ``F.linear`` over the (in, out) memory (which stays fast under load) for
+Calls with many rows amortise that; decode-shaped calls (few rows) do not, so ``StallWatch`` times them, and after a
+few stalls close together they run on ``F.linear`` over the (in, out) memory (which stays fast under load) for
 ``STALL_HOLD_S`` seconds before oneDNN is tried again. Notebook 04 measures the layouts and kernels
 (``labkit.analysis.decode_roof``) and shows the stalls.
 
-The repacked copy is made on the first large call and remade whenever the weight changes (loading a checkpoint,
+The repacked copy is made on the first call and remade whenever the weight changes (loading a checkpoint,
 ``model.to(...)``): parameters, names, values and ``state_dict`` stay nn.Linear's (the parameters are views).
 """
 
