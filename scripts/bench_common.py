@@ -12,8 +12,6 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from labkit.analysis.hardware import device_name  # noqa: E402
+from labkit.analysis.timing import timing_calls as timed  # noqa: E402, F401  (the benchmarks' timers)
+from labkit.analysis.timing import wrap_timed  # noqa: E402, F401
 from labkit.device import resolve_device, resolve_dtype  # noqa: E402
 
 
@@ -185,29 +185,3 @@ def finish_report(text: str, out: Path | None, load: float | None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
-
-
-def wrap_timed(owner: object, name: str, into: list[float]) -> Callable[[], None]:
-    """Replace ``owner.name`` by a wrapper that adds each call's wall time to ``into[0]`` (on the CPU calls are
-    synchronous, so that is the time they take); returns a function that puts the original back."""
-    original = getattr(owner, name)
-
-    def wrapper(*args: object, **kwargs: object) -> object:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            into[0] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
-    return lambda: setattr(owner, name, original)
-
-
-@contextmanager
-def timed(owner: object, name: str, into: list[float]) -> Iterator[None]:
-    """``wrap_timed`` for the duration of a ``with`` block."""
-    restore = wrap_timed(owner, name, into)
-    try:
-        yield
-    finally:
-        restore()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from labkit.analysis.roofline import decode_cost
+from labkit.analysis.timing import timing_calls
 from labkit.device import synchronize
 from labkit.model.linear import LinearKernel, onednn_linear_available
 from labkit.sampling_params import SamplingParams
@@ -130,25 +131,6 @@ class DecodeBreakdown:
         """Seconds per step of each part, the engine around the forward pass included (from the timed run)."""
         return {"linear layers": self.matmul_s, "attention": self.attention_s, "everything else": self.other_s,
                 "engine (prepare, sample, detokenize)": max(0.0, self.timed_step_s - self.forward_s)}
-
-
-@contextmanager
-def timing_calls(owner: type, name: str, into: list[float]) -> Iterator[None]:
-    """Add the wall time of every call of ``owner.name`` to ``into[0]`` (CPU: calls are synchronous)."""
-    original = getattr(owner, name)
-
-    def timed(*args: object, **kwargs: object) -> object:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            into[0] += time.perf_counter() - start
-
-    setattr(owner, name, timed)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def measure_decode_breakdown(llm: LLM, prompt_ids: list[int], num_steps: int, backend_cls: type) -> DecodeBreakdown:

@@ -6,7 +6,8 @@ Introduced in notebook 00 (``00_setup_and_hardware``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -35,3 +36,29 @@ def time_fn(fn: Callable[[], object], device: torch.device, repeats: int = 5, wa
         synchronize(device)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def wrap_timed(owner: object, name: str, into: list[float]) -> Callable[[], None]:
+    """Replace ``owner.name`` by a wrapper that adds each call's wall time to ``into[0]`` (on the CPU calls are
+    synchronous, so that is the time they take); returns a function that puts the original back."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            into[0] += time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
+    return lambda: setattr(owner, name, original)
+
+
+@contextmanager
+def timing_calls(owner: object, name: str, into: list[float]) -> Iterator[None]:
+    """``wrap_timed`` for the duration of a ``with`` block (the original is back even if the block raises)."""
+    restore = wrap_timed(owner, name, into)
+    try:
+        yield
+    finally:
+        restore()

@@ -12,9 +12,9 @@ from labkit.analysis.decode_roof import (
     PLAIN_KERNELS,
     measure_decode_breakdown,
     measure_gemv_roof,
-    timing_calls,
 )
 from labkit.analysis.roofline import decode_cost
+from labkit.analysis.timing import timing_calls
 from labkit.cache import ContiguousKVCache
 from labkit.model.linear import LinearKernel, onednn_linear_available
 from labkit.workbook.workloads import prompt_ids_of_length
