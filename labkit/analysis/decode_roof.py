@@ -12,7 +12,6 @@ a real decode step into the linear layers, attention and everything else. Notebo
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from torch.nn import functional as F
 
 from labkit.analysis.roofline import decode_cost
 from labkit.analysis.timing import timing_calls
-from labkit.device import synchronize
+from labkit.measure.rounds import interleave
 from labkit.model.linear import LinearKernel, onednn_linear_available
 from labkit.sampling_params import SamplingParams
 
@@ -81,28 +80,23 @@ def _time_gemv_kernels(device: torch.device, dtype: torch.dtype, out_features: i
     weight = torch.randn(out_features, in_features, device=device, dtype=dtype)  # (out, in)
     weight_t = weight.t().contiguous()  # (in, out)
     x = torch.randn(1, in_features, device=device, dtype=dtype)  # (1, in)
-    kernels: dict[str, Callable[[], object]] = {
-        PLAIN_KERNELS[0]: lambda: F.linear(x, weight),
-        PLAIN_KERNELS[1]: lambda: x @ weight_t,
-    }
+    packed = LinearKernel()  # packs in the warm-up
+
+    def out_in() -> None:
+        F.linear(x, weight)
+
+    def in_out() -> None:
+        x @ weight_t
+
+    def onednn() -> None:
+        packed(x, weight, None)
+
+    kernels: dict[str, Callable[[], None]] = {PLAIN_KERNELS[0]: out_in, PLAIN_KERNELS[1]: in_out}
     if device.type == "cpu" and dtype == torch.float32 and onednn_linear_available():
-        packed = LinearKernel()
-        with torch.inference_mode():
-            packed(x, weight, None)  # packs once
-        kernels[ONEDNN_KERNEL] = lambda: packed(x, weight, None)
-    times: dict[str, list[float]] = {k: [] for k in kernels}
-    names = list(kernels)
+        kernels[ONEDNN_KERNEL] = onednn
     with torch.inference_mode():
-        for fn in kernels.values():  # warm-up
-            fn()
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:  # rotate who goes first
-                synchronize(device)
-                start = time.perf_counter()
-                kernels[name]()
-                synchronize(device)
-                times[name].append(time.perf_counter() - start)
-    return {k: statistics.median(t) for k, t in times.items()}
+        rounds_run = interleave(kernels, rounds, warmup=1, device=device, progress=False, check_load=False)
+    return {k: rounds_run.median(k) for k in kernels}
 
 
 @dataclass(frozen=True)
