@@ -16,7 +16,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
 	# the "cpp" attention backend's kernel, built now rather than in the middle of a notebook (no compiler: skipped)
-	$(BIN)/python -m labkit.attention
+	$(BIN)/python -m labkit.core.attention
 	touch $(STAMP)
 
 ## Open the workbook in JupyterLab on 127.0.0.1 (works as root too).
@@ -40,7 +40,7 @@ offline-bundle:
 ## Put a notebook back as shipped, keeping yours in notebooks/.backups/: make reset NB=03 (NB=all: every changed one)
 reset: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make reset NB=03   (or NB=all)"; exit 2; }
-	$(BIN)/python -m labkit.workbook.reset $(if $(filter all,$(NB)),--all,$(NB))
+	$(BIN)/python -m labkit.course.reset $(if $(filter all,$(NB)),--all,$(NB))
 
 ## Regenerate docs/answer_key.md from the notebooks and labkit's reference solutions
 answer-key: $(STAMP)

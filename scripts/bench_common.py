@@ -19,10 +19,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from labkit.analysis.hardware import device_name  # noqa: E402
-from labkit.analysis.timing import timing_calls as timed  # noqa: E402, F401  (the benchmarks' timers)
-from labkit.analysis.timing import wrap_timed  # noqa: E402, F401
-from labkit.device import resolve_device, resolve_dtype  # noqa: E402
+from labkit.core.device import resolve_device, resolve_dtype  # noqa: E402
+from labkit.measure.hardware import device_name  # noqa: E402
+from labkit.measure.timing import timing_calls as timed  # noqa: E402, F401  (the benchmarks' timers)
+from labkit.measure.timing import wrap_timed  # noqa: E402, F401
 
 
 @dataclass(frozen=True)

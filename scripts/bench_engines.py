@@ -71,11 +71,11 @@ from benchlib.engines_throughput import (  # noqa: E402
     run_labkit,
 )
 
-from labkit.analysis.hardware import device_name  # noqa: E402
-from labkit.device import resolve_device  # noqa: E402
-from labkit.model.source import bundled_model_path  # noqa: E402
-from labkit.text.tokenizer import load_tokenizer  # noqa: E402
-from labkit.workbook.workloads import load_workload, materialise  # noqa: E402
+from labkit.core.device import resolve_device  # noqa: E402
+from labkit.core.model.source import bundled_model_path  # noqa: E402
+from labkit.core.text.tokenizer import load_tokenizer  # noqa: E402
+from labkit.course.workloads import load_workload, materialise  # noqa: E402
+from labkit.measure.hardware import device_name  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "engines.md"
 

@@ -12,9 +12,9 @@ batches of 1 and 32 requests (prompts of 16 tokens, every request decoding to ``
 1. **Host time per decode step and its share of the step**, for each host-side option the engine exposes on
    this device, side by side: ``prepare_inputs="loop"`` (per-token Python input preparation) against
    ``"vectorized"`` (the default), and on CUDA also ``enforce_eager=False`` (CUDA graphs). Host time comes from a
-   ``torch.profiler`` trace (``labkit.profiling``): the
+   ``torch.profiler`` trace (``labkit.measure.profiling``): the
    part of each step in which the device had no work (on a CPU: the step minus the aten operators of the
-   forward pass; see ``labkit/profiling/trace_analysis.py``). Tracing slows every operator a little, so the
+   forward pass; see ``labkit/measure/profiling/trace_analysis.py``). Tracing slows every operator a little, so the
    untraced step time of the same configuration is reported beside it, and an estimate of the untraced host
    time (traced host share x untraced step time).
 2. **transformers' own ``generate``** on the same checkpoint (greedy, EOS ignored) at the same batch sizes:
@@ -53,9 +53,9 @@ from benchlib.host_overhead_measure import (  # noqa: E402
 from benchlib.host_overhead_report import report  # noqa: E402
 
 from labkit import LLM, SamplingParams  # noqa: E402
-from labkit.analysis.hardware import probe  # noqa: E402
-from labkit.model.source import bundled_model_path  # noqa: E402
-from labkit.workbook.workloads import prompt_ids_of_length  # noqa: E402
+from labkit.core.model.source import bundled_model_path  # noqa: E402
+from labkit.course.workloads import prompt_ids_of_length  # noqa: E402
+from labkit.measure.hardware import probe  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "host_overhead.md"
 

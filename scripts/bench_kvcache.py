@@ -13,15 +13,15 @@ A full run writes docs/benchmarks/kvcache.md (a smoke run writes a file only whe
    the median decode-step time at each context, and their ratio (notebooks 02-03).
 2. Total time to generate N tokens with each engine: quadratic against linear.
 3. Decode MBU at batch 1 on a preset of a real architecture (``smollm2-135m``: 135M parameters, random
-   weights): the median decode-step time, the bytes that step must move (``labkit.analysis.roofline.decode_cost``)
-   and the bandwidth roof measured in this same run (``labkit.analysis.hardware.probe``, full size). MBU = achieved
+   weights): the median decode-step time, the bytes that step must move (``labkit.measure.roofline.decode_cost``)
+   and the bandwidth roof measured in this same run (``labkit.measure.hardware.probe``, full size). MBU = achieved
    bytes/s over the roof (notebook 04).
 4. Where a decode step's time goes: engine stages, a profile of the forward pass by operator, the floor set
    by the matmul kernels alone (every weight matrix times one vector, nothing else), and the attention call
    as labkit makes it against a fused grouped-query call.
-5. The same decode step against the matrix-vector (GEMV) roof (``labkit.analysis.decode_roof``): the bandwidth a
+5. The same decode step against the matrix-vector (GEMV) roof (``labkit.measure.decode_roof``): the bandwidth a
    plain GEMV reaches on a 256 MiB matrix with each kernel (``F.linear``, ``x @ W`` over an (in, out) weight,
-   oneDNN's packed layout), then the whole step with labkit's linear kernels (``labkit.model.linear``, "auto")
+   oneDNN's packed layout), then the whole step with labkit's linear kernels (``labkit.core.model.linear``, "auto")
    and with ``F.linear`` everywhere ("torch"), in interleaved rounds, each split into linear layers, attention
    and everything else. Goal (issue #24): the whole step at >= 0.80 of the plain GEMV roof.
 
@@ -51,9 +51,9 @@ from benchlib.kvcache_measure import (  # noqa: E402
 from benchlib.kvcache_report import report  # noqa: E402
 
 from labkit import LLM  # noqa: E402
-from labkit.analysis.decode_roof import measure_gemv_roof  # noqa: E402
-from labkit.analysis.hardware import probe  # noqa: E402
-from labkit.workbook.workloads import prompt_ids_of_length  # noqa: E402
+from labkit.course.workloads import prompt_ids_of_length  # noqa: E402
+from labkit.measure.decode_roof import measure_gemv_roof  # noqa: E402
+from labkit.measure.hardware import probe  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "kvcache.md"
 

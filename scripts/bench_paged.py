@@ -11,7 +11,7 @@ A full run writes docs/benchmarks/paged.md and two figures beside it (a smoke ru
 
 1. KV memory waste on the heterogeneous workload (``data/workloads/heterogeneous_64.jsonl``), contiguous
    reservation against paging: the share of allocated KV memory that holds no token, split into
-   reserved-but-unused and internal fragmentation (``labkit.analysis.kv_memory``, over every step of every request's
+   reserved-but-unused and internal fragmentation (``labkit.measure.kv_memory``, over every step of every request's
    life). Goal: paged <= 4%.
 2. Concurrent sequences at equal KV budget: by accounting (every sequence counted at its longest, so no
    preemption is ever needed), and on the real ``paged`` engine given a pool the size of a few
@@ -59,10 +59,10 @@ from benchlib.paged_measure import (  # noqa: E402
 )
 from benchlib.paged_report import draw_figures, report  # noqa: E402
 
-from labkit.analysis.kv_memory import max_concurrent_seqs  # noqa: E402
-from labkit.analysis.roofline import kv_bytes_per_token  # noqa: E402
-from labkit.model.source import resolve_model_source  # noqa: E402
-from labkit.workbook.workloads import load_workload  # noqa: E402
+from labkit.core.model.source import resolve_model_source  # noqa: E402
+from labkit.course.workloads import load_workload  # noqa: E402
+from labkit.measure.kv_memory import max_concurrent_seqs  # noqa: E402
+from labkit.measure.roofline import kv_bytes_per_token  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "paged.md"
 

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from bench_common import ROOT, OtherLoad, finish_report, hardware, report_header  # noqa: E402
 
-from labkit.bench.datasets import RandomDataset  # noqa: E402
-from labkit.bench.server_overhead import OverheadRun, hand_off_contenders  # noqa: E402
 from labkit.measure import interleave, measure_load  # noqa: E402
+from labkit.measure.loadgen.datasets import RandomDataset  # noqa: E402
+from labkit.measure.server_overhead import OverheadRun, hand_off_contenders  # noqa: E402
 from labkit.serving.launcher import ServerProcess  # noqa: E402
 
 SHOWN = [("tpot_ms", "client mean TPOT (ms)"), ("itl_ms", "client mean ITL, per event (ms)"),

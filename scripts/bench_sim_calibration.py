@@ -1,4 +1,4 @@
-"""How well the simulator (``labkit.sim``) predicts real runs it was not fitted on.
+"""How well the simulator (``labkit.measure.sim``) predicts real runs it was not fitted on.
 
 Run from the repository root:
 
@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ROOT, OtherLoad, finish_report, hardware, report_header  # noqa: E402
 
 from labkit import LLM  # noqa: E402
-from labkit.cache.paged import kv_block_bytes  # noqa: E402
-from labkit.sim import ClusterSpec, RecordingScheduler, calibrate, measured_records, poisson_requests, simulate  # noqa: E402
-from labkit.sim.calibrate import run_real  # noqa: E402
+from labkit.core.kv.paged_pool import kv_block_bytes  # noqa: E402
+from labkit.measure.sim import ClusterSpec, RecordingScheduler, calibrate, measured_records, poisson_requests, simulate  # noqa: E402
+from labkit.measure.sim.calibrate import run_real  # noqa: E402
 
 BLOCK_SIZE = 16
 SIM_OPTIONS = dict(max_num_seqs=16, max_num_batched_tokens=128, block_size=BLOCK_SIZE)
@@ -115,7 +115,7 @@ def main() -> None:
     command = " ".join([".venv/bin/python", "scripts/bench_sim_calibration.py", *sys.argv[1:]])
     lines = report_header("Benchmark: the simulator against real runs it was not fitted on", command, hw,
                           time.perf_counter() - t0, load)
-    lines += ["Notebook 12 explains the simulator (`labkit.sim`). The issue's target is 15% on every held-out "
+    lines += ["Notebook 12 explains the simulator (`labkit.measure.sim`). The issue's target is 15% on every held-out "
               "figure (TTFT p50 and TPOT p50 of workloads the cost model was not fitted on). Each round fits the cost "
               "model to a fresh calibration run and then runs and simulates the held-out workloads, so a drift of the "
               "machine's speed between minutes (tens of percent on this shared VM) hits calibration and check alike; "

@@ -29,7 +29,7 @@ from bench_common import (  # noqa: E402  (scripts/ is on sys.path)
 
 from labkit import LLM, SamplingParams  # noqa: E402
 from labkit.measure.rounds import interleave  # noqa: E402
-from labkit.spec_decode.bench import contender, fresh_prompts, quoting_prompts  # noqa: E402
+from labkit.measure.spec_decode import contender, fresh_prompts, quoting_prompts  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "spec_decode.md"
 SPECS = {
@@ -70,7 +70,7 @@ def main() -> None:
                           time.perf_counter() - bench.t0, load)
     lines += [f"Bundled model, engine `chunked`, greedy, {max_tokens} output tokens per request, median of "
               f"{rounds_n} interleaved rounds (speed-up: round by round over plain decoding; range in brackets). "
-              "Greedy output is identical in every row (tests/spec_decode).", "",
+              "Greedy output is identical in every row (tests/core/spec_decode).", "",
               md_table(["workload", "batch", "decoding", "acceptance", "tokens/s", "speed-up", "ITL p99 (ms)"], rows)]
     finish_report("\n".join(lines) + "\n", bench.out, load)
 

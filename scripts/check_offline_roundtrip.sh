@@ -55,10 +55,10 @@ out = LLM("labkit-tiny").generate(prompt, SamplingParams(max_tokens=16, temperat
 assert len(out.token_ids) == 16 and out.text.strip(), out
 print(f"generated offline: {prompt}{out.text}")
 EOF
-# labkit.workbook.reset in a copy without git history: it restores from the .pristine/ copies the bundle ships
+# labkit.course.reset in a copy without git history: it restores from the .pristine/ copies the bundle ships
 cp notebooks/03_kv_cache.ipynb "$work/original-03.ipynb"
 echo '{"edited": true}' > notebooks/03_kv_cache.ipynb
-"${offline[@]}" .venv/bin/python -m labkit.workbook.reset 03
+"${offline[@]}" .venv/bin/python -m labkit.course.reset 03
 cmp notebooks/03_kv_cache.ipynb "$work/original-03.ipynb" && echo "reset restored notebook 03 from .pristine/"
 if [ "${NOTEBOOK:-1}" = 1 ]; then
     "${offline[@]}" env HF_HUB_OFFLINE=1 LABKIT_SMOKE=1 .venv/bin/python -m pytest -q notebooks/01_anatomy_of_a_request.ipynb

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/gpu_check.py                               # on a CUDA machine: the whole plan
     .venv/bin/python scripts/gpu_check.py --dry-run --out /tmp/gpu_dry  # the same plan on the CPU at tiny sizes
 
-It runs, in order: the hardware probe (``labkit.analysis.hardware``: the roof notebook 00 measures), the CUDA tests
+It runs, in order: the hardware probe (``labkit.measure.hardware``: the roof notebook 00 measures), the CUDA tests
 (``pytest -m cuda``), every notebook in GPU mode at smoke sizes (nbval, a few at a time), decode bandwidth use (MBU)
 of a ~1B preset in bfloat16 at batch 1 and 64 (eager and with CUDA graphs, for each ``--attention-backend``), decode
 attention alone (the PyTorch paths and the Triton kernel of notebook 11, by batch and context length, against the
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
 from benchlib.attention_kernel import attention_kernel_markdown, attention_kernel_rows  # noqa: E402
 
 from labkit import ATTENTION_BACKENDS, LLM, SamplingParams  # noqa: E402
-from labkit.analysis.hardware import DeviceRoof, describe_device, probe  # noqa: E402
-from labkit.analysis.roofline import decode_cost  # noqa: E402
+from labkit.measure.hardware import DeviceRoof, describe_device, probe  # noqa: E402
+from labkit.measure.roofline import decode_cost  # noqa: E402
 
 NOTEBOOKS = tuple(sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LABKIT_SMOKE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -215,7 +215,7 @@ def markdown(report: dict) -> str:
     if mbu.get("rows"):
         lines += ["", f"## Decode MBU: {mbu['preset']} in {mbu['dtype']}", "",
                   f"Prompt {mbu['prompt_len']} tokens, {mbu['decode_steps']} decode steps, median step; bytes from "
-                  f"`labkit.analysis.roofline.decode_cost`; MBU against the measured roof "
+                  f"`labkit.measure.roofline.decode_cost`; MBU against the measured roof "
                   f"({mbu['roof_bandwidth'] / 1e9:.0f} GB/s).", "",
                   "| batch | CUDA graphs | attention | forward ms | step ms | MBU (forward) | MBU (whole step) |",
                   "|---:|---|---|---:|---:|---:|---:|"]

@@ -7,7 +7,7 @@ On a machine with internet (same OS, CPU architecture and Python version as the 
 copies into that folder every wheel the workbook needs (requirements.txt, the package's own dependencies, all
 of their dependencies, and pip and setuptools themselves; sdists are built into wheels here, so the room needs no
 compiler), plus the workbook itself (notebooks, the bundled model data/labkit-tiny, labkit, tests, docs) with
-original copies of the notebooks for ``python -m labkit.workbook.reset``. On each machine in the room, with no network:
+original copies of the notebooks for ``python -m labkit.course.reset``. On each machine in the room, with no network:
 
     python3 /media/usb/labkit-bundle/workbook/scripts/offline_bundle.py install /media/usb/labkit-bundle
     # or copy the folder first and install into the copy (the install writes .venv/ into the workbook)
@@ -73,7 +73,7 @@ def gather(bundle: Path, root: Path = ROOT, pip_args: list[str] | None = None) -
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
     notebooks = sorted((workbook / "notebooks").glob("*.ipynb"))
-    pristine = workbook / ".pristine" / "notebooks"  # what labkit.workbook.reset restores where there is no git history
+    pristine = workbook / ".pristine" / "notebooks"  # what labkit.course.reset restores where there is no git history
     pristine.mkdir(parents=True, exist_ok=True)
     for nb in notebooks:
         shutil.copy2(nb, pristine / nb.name)
@@ -154,13 +154,13 @@ files switched off: nothing is downloaded. If your `python3` is another version,
 
 ## Start a notebook over
 
-`cd workbook && .venv/bin/python -m labkit.workbook.reset 03` restores notebook 03 as shipped (from `.pristine/`) and
+`cd workbook && .venv/bin/python -m labkit.course.reset 03` restores notebook 03 as shipped (from `.pristine/`) and
 keeps your version in `notebooks/.backups/`. `--list` shows which notebooks you changed.
 
 ## Check the installation
 
 `cd workbook && make test` runs every test offline (unit tests, then every notebook in smoke mode). For a
-quicker check, `.venv/bin/python -m pytest -o addopts="" tests/exercises/test_exercises.py` runs the exercise checkers.
+quicker check, `.venv/bin/python -m pytest -o addopts="" tests/course/test_exercises.py` runs the exercise checkers.
 """
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from labkit.metrics.request import RequestMetrics
-from labkit.sampling_params import SamplingParams
-from labkit.sequence import Sequence
-from labkit.text.detokenizer import IncrementalDetokenizer
+from labkit.core.metrics import RequestMetrics
+from labkit.core.sampling_params import SamplingParams
+from labkit.core.sequence import Sequence
+from labkit.core.text.detokenizer import IncrementalDetokenizer
 
 
 class _Decoder:

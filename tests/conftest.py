@@ -20,9 +20,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config  # noqa: E402
 
-from labkit.llm import LLM  # noqa: E402
-from labkit.model.source import bundled_model_path  # noqa: E402
-from labkit.text.tokenizer import load_tokenizer  # noqa: E402
+from labkit.core.llm import LLM  # noqa: E402
+from labkit.core.model.source import bundled_model_path  # noqa: E402
+from labkit.core.text.tokenizer import load_tokenizer  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 

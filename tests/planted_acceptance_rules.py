@@ -1,11 +1,11 @@
-"""Planted bugs in notebook 13's acceptance rule, each a ``RejectionSampler`` wrong in one step: tests/spec_decode
-checks that the distribution test fails them, tests/exercises that notebook 13's checker does."""
+"""Planted bugs in notebook 13's acceptance rule, each a ``RejectionSampler`` wrong in one step: tests/core/spec_decode
+checks that the distribution test fails them, tests/course that notebook 13's checker does."""
 
 from __future__ import annotations
 
 import torch
 
-from labkit.spec_decode.rejection_sampler import RejectionSampler, draw_from, uniform
+from labkit.core.spec_decode.rejection_sampler import RejectionSampler, draw_from, uniform
 
 
 class OneStepChanged(RejectionSampler):

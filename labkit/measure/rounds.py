@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from labkit.device import synchronize
+from labkit.core.device import synchronize
 from labkit.measure.load import LoadReport, measure_load
 
 if TYPE_CHECKING:

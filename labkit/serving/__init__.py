@@ -2,7 +2,7 @@
 
     from labkit.serving import ServerProcess
     with ServerProcess(engine="chunked") as server:      # python -m labkit.serving, on 127.0.0.1
-        print(server.base_url)                           # point the openai client or labkit.bench at it
+        print(server.base_url)                           # point the openai client or labkit.measure.loadgen at it
 
 Modules: ``async_engine`` (AsyncLLM: the engine loop in a background thread), ``protocol`` (request
 validation), ``limits`` (what a request may cost: body size, JSON shape, Unicode, prompt length before
@@ -11,11 +11,11 @@ tokenizing), ``api_server`` (the FastAPI app), ``responses`` (response shapes an
 codes), ``cli`` (``python -m labkit.serving``), ``launcher`` (start and stop a server from a notebook or a test).
 """
 
-from labkit.metrics.prometheus import EngineState, ServerMetrics
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import AsyncLLM, EngineDeadError, TokenDelta
 from labkit.serving.cli import ServerConfig, run_server
 from labkit.serving.launcher import ServerProcess, ServerThread
+from labkit.serving.prometheus import EngineState, ServerMetrics
 from labkit.serving.protocol import ChatCompletionRequest, CompletionRequest, RequestError
 from labkit.serving.security import AccessPolicy
 

@@ -32,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from labkit.sequence import Sequence
+from labkit.core.sequence import Sequence
 from labkit.serving.async_engine import AsyncLLM
 from labkit.serving.limits import (
     PromptLimits,

@@ -29,10 +29,10 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-from labkit.llm import LLM
-from labkit.metrics.prometheus import EngineState, ServerMetrics
-from labkit.sampling_params import SamplingParams
-from labkit.sequence import FinishReason, Sequence, SequenceStatus
+from labkit.core.llm import LLM
+from labkit.core.sampling_params import SamplingParams
+from labkit.core.sequence import FinishReason, Sequence, SequenceStatus
+from labkit.serving.prometheus import EngineState, ServerMetrics
 from labkit.serving.streams import EngineDeadError, TokenDelta, _Command, _Stream, coalesce_waiting, put_all
 from labkit.serving.timings import ServerTimings
 

@@ -23,11 +23,11 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from labkit.llm import LLM
-from labkit.metrics.prometheus import ServerMetrics
-from labkit.model.source import BUNDLED_MODEL
+from labkit.core.llm import LLM
+from labkit.core.model.source import BUNDLED_MODEL
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import HAND_OFFS, AsyncLLM
+from labkit.serving.prometheus import ServerMetrics
 from labkit.serving.security import AccessPolicy, parse_list_option
 from labkit.serving.shutdown import EXIT_CANNOT_START, EXIT_OK, EXIT_REQUESTS_ENDED, GracefulServer
 from labkit.serving.timings import ServerTimings

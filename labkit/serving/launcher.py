@@ -25,11 +25,11 @@ from typing import Any
 
 import httpx
 
-from labkit.llm import LLM
-from labkit.metrics.prometheus import ServerMetrics
+from labkit.core.llm import LLM
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import AsyncLLM
 from labkit.serving.cli import READY_LINE, ServerConfig, bind_socket, make_async_llm, uvicorn_server
+from labkit.serving.prometheus import ServerMetrics
 from labkit.serving.timings import ServerTimings
 
 

@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from labkit.engine.base import Engine
-from labkit.engine.core import EngineCore
+from labkit.core.engine.base import Engine
+from labkit.core.engine.core import EngineCore
 from labkit.serving.protocol import (
     ChatMessage,
     RequestCapacity,

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from labkit.sampling_params import SamplingParams
+from labkit.core.sampling_params import SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 

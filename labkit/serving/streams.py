@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.sequence import Sequence
+from labkit.core.sequence import Sequence
 
 
 @dataclass(frozen=True)

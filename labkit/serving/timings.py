@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.engine.step import StepStats
+from labkit.core.engine.step import StepStats
 from labkit.serving.streams import TokenDelta
 
 PER_REQUEST = ("prepare", "parse", "tokenize")

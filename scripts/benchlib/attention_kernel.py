@@ -13,8 +13,8 @@ import statistics
 
 import torch
 
-from labkit.analysis.timing import time_fn
-from labkit.attention.bandwidth import DecodeAttentionShape, decode_paths, kernels_per_call, paged_batch
+from labkit.measure.attention_bytes import DecodeAttentionShape, decode_paths, kernels_per_call, paged_batch
+from labkit.measure.timing import time_fn
 
 GOAL = {"path": "triton", "batch": 64, "context_len": 4096, "fraction": 0.70}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from benchlib.engines_parts import ChunkRow, SlotRow
 from benchlib.engines_throughput import LABKIT_ENGINES, Result, Sizes
-from labkit.metrics.summary import Run
+from labkit.measure.summary import Run
 
 
 def save_figures(out: Path, results: list[Result], chunk_rows: list[ChunkRow], example_runs: dict[str, Run],

@@ -10,10 +10,10 @@ from tqdm.auto import tqdm
 
 from benchlib.engines_throughput import Result, Sizes
 from labkit import LLM, SamplingParams
-from labkit.attention import TorchAttentionBackend
-from labkit.metrics.summary import Run, run_workload, summarize
-from labkit.model.linear import LinearKernel
-from labkit.workbook.workloads import Workload, prompt_ids_of_length, sampling_params_for
+from labkit.core.attention import TorchAttentionBackend
+from labkit.core.model.linear import LinearKernel
+from labkit.course.workloads import Workload, prompt_ids_of_length, sampling_params_for
+from labkit.measure.summary import Run, run_workload, summarize
 
 # ---- part 1b: batch slots ----
 
@@ -59,7 +59,7 @@ class Breakdown:
     slots: int
     output_tokens: int
     total: float  # seconds: wall time of the whole workload
-    matmul: float  # inside the linear layers' kernels (labkit.model.linear): the same work transformers does
+    matmul: float  # inside the linear layers' kernels (labkit.core.model.linear): the same work transformers does
     attention: float  # inside the attention backend: K/V writes and gathers, scores, softmax, values
     other: float  # everything else: scheduler, runner, norms, RoPE, activations, sampling, detokenizing
 

@@ -8,7 +8,7 @@ from bench_common import md_table
 
 from benchlib.engines_parts import Breakdown, ChunkRow, SlotRow, best_vs_best
 from benchlib.engines_throughput import HF_CB, LABKIT_ENGINES, Result, Sizes
-from labkit.workbook.workloads import Workload
+from labkit.course.workloads import Workload
 
 
 def verdict(ok: bool) -> str:
@@ -207,7 +207,7 @@ def breakdown_section(rows: list[Breakdown], best: tuple[SlotRow, SlotRow] | Non
         "## 1c. Where `chunked`'s time goes",
         "",
         "One more run of `chunked` at each end of part 1b with a wall-clock timer around every call of the "
-        "linear layers' kernels (`labkit.model.linear`: oneDNN over a repacked weight where that pays, `F.linear` "
+        "linear layers' kernels (`labkit.core.model.linear`: oneDNN over a repacked weight where that pays, `F.linear` "
         "elsewhere; the same arithmetic transformers does with `F.linear`) and of the attention backend (K/V "
         "writes and gathers, scores, softmax, values); the rest of the wall time is everything else (scheduler, "
         "input preparation, norms, RoPE, activations, residual adds, sampling, detokenizing, and the Python "

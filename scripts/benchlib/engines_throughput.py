@@ -10,10 +10,10 @@ import torch
 from tqdm.auto import tqdm
 
 from labkit import LLM, SamplingParams
-from labkit.device import synchronize
-from labkit.metrics.summary import run_workload
-from labkit.model.source import bundled_model_path
-from labkit.workbook.workloads import Workload, sampling_params_for
+from labkit.core.device import synchronize
+from labkit.core.model.source import bundled_model_path
+from labkit.course.workloads import Workload, sampling_params_for
+from labkit.measure.summary import run_workload
 
 LABKIT_ENGINES = ("kvcache", "paged", "continuous", "chunked")
 HF_CB = "transformers continuous batching (generate_batch)"

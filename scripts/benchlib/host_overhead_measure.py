@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from labkit import LLM, SamplingParams
-from labkit.analysis.hardware import DeviceRoof
-from labkit.analysis.roofline import decode_cost, mbu
-from labkit.device import synchronize
-from labkit.profiling import profile_engine
-from labkit.workbook.workloads import prompt_ids_of_length
+from labkit.core.device import synchronize
+from labkit.course.workloads import prompt_ids_of_length
+from labkit.measure.hardware import DeviceRoof
+from labkit.measure.profiling import profile_engine
+from labkit.measure.roofline import decode_cost, mbu
 
 HOST_STAGES = ("schedule", "prepare", "sample", "detokenize")  # the StageClock stages outside the forward pass
 ASYNC = "vectorized + async"  # async scheduling: steps overlap, so it is measured by its step period, untraced

@@ -6,7 +6,7 @@ import torch
 from bench_common import Hardware, md_table, report_header
 
 from benchlib.host_overhead_measure import ASYNC, Samples, Sizes, is_async
-from labkit.analysis.hardware import DeviceRoof
+from labkit.measure.hardware import DeviceRoof
 
 
 def exposed_host(cells: dict[tuple[str, int], Samples], label: str, batch: int) -> float:
@@ -135,7 +135,7 @@ def report(command: str, hw: Hardware, sizes: Sizes, dtype: torch.dtype, cells: 
             f"## 5. Decode MBU at batch 1 ({mbu_preset}, random weights, {str(dtype).removeprefix('torch.')})",
             "",
             f"Context {sizes.mbu_context}, {sizes.mbu_tokens} decode steps per run, median step; bytes from "
-            f"`labkit.analysis.roofline.decode_cost`; roof measured in this run: {roof.summary()}.",
+            f"`labkit.measure.roofline.decode_cost`; roof measured in this run: {roof.summary()}.",
             "",
             md_table(["configuration", "step ms", "GB/s", "MBU"], mbu_rows),
             "",

@@ -12,15 +12,15 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from labkit import LLM, SamplingParams
-from labkit.analysis.decode_roof import DecodeBreakdown, GemvRoof, measure_decode_breakdown
-from labkit.analysis.roofline import StepCost, decode_cost
-from labkit.analysis.timing import time_fn
-from labkit.cache import ContiguousKVCache
-from labkit.device import synchronize
-from labkit.model import CausalLM
-from labkit.model.attention import sdpa
-from labkit.model.linear import set_linear_kernel
-from labkit.workbook.workloads import prompt_ids_of_length
+from labkit.core.device import synchronize
+from labkit.core.kv import ContiguousKVCache
+from labkit.core.model import CausalLM
+from labkit.core.model.attention import sdpa
+from labkit.core.model.linear import set_linear_kernel
+from labkit.course.workloads import prompt_ids_of_length
+from labkit.measure.decode_roof import DecodeBreakdown, GemvRoof, measure_decode_breakdown
+from labkit.measure.roofline import StepCost, decode_cost
+from labkit.measure.timing import time_fn
 
 
 @dataclass(frozen=True)

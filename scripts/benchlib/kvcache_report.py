@@ -7,8 +7,8 @@ import statistics
 from bench_common import Hardware, md_table, report_header
 
 from benchlib.kvcache_measure import Breakdown, DecodePoint, GenerationRun, MBUResult, RoofRounds, Sizes
-from labkit.analysis.hardware import DeviceRoof
-from labkit.analysis.roofline import mbu
+from labkit.measure.hardware import DeviceRoof
+from labkit.measure.roofline import mbu
 
 
 def ms(seconds: float) -> str:
@@ -115,7 +115,7 @@ def report(command: str, hw: Hardware, roof: DeviceRoof, sizes: Sizes, model_nam
         "",
         f"Median of {sizes.mbu_steps} decode steps (engine `kvcache`) at contexts {sizes.mbu_context} .. "
         f"{sizes.mbu_context + min(8, sizes.mbu_steps) - 1} (short runs from the same prompt). Bytes per step from "
-        f"`labkit.analysis.roofline.decode_cost` at context {res.context_len}: weights {c.weight_bytes / 1e6:.1f} MB + "
+        f"`labkit.measure.roofline.decode_cost` at context {res.context_len}: weights {c.weight_bytes / 1e6:.1f} MB + "
         f"KV read {c.kv_read_bytes / 1e6:.2f} MB + KV write {c.kv_write_bytes / 1e3:.1f} kB = "
         f"{c.total_bytes / 1e6:.1f} MB; {c.flops / 1e6:.0f} MFLOP, intensity {c.arithmetic_intensity:.2f} FLOP/byte "
         f"(ridge point {roof.ridge_point:.1f}). MBU = (bytes / time) / measured bandwidth roof "
@@ -176,7 +176,7 @@ def gemv_section(rr: RoofRounds, roof: DeviceRoof, preset: str) -> list[str]:
         "",
         "At batch 1 a decode step is a chain of matrix-vector products, so its roof is the bandwidth at which one GEMV "
         f"streams a matrix far larger than the caches ({g.nbytes >> 20} MiB, shapes (n, 512) and (n, 2048), the best "
-        "median of 5 interleaved rounds per kernel; `labkit.analysis.decode_roof.measure_gemv_roof`). The *plain* "
+        "median of 5 interleaved rounds per kernel; `labkit.measure.decode_roof.measure_gemv_roof`). The *plain* "
         f"roof is the best of PyTorch's own matmul in either layout: **{gbs(g.plain)} GB/s**.",
         "",
         md_table(["GEMV kernel", "GB/s", "of the plain roof", "of read bandwidth"], roof_rows),

@@ -11,7 +11,9 @@ from bench_common import wrap_timed
 from tqdm.auto import tqdm
 
 from labkit import LLM, SamplingParams
-from labkit.analysis.kv_memory import (
+from labkit.core.kv.block_manager import BlockManager
+from labkit.course.workloads import Workload, load_workload, materialise, prompt_ids_of_length, sampling_params_for
+from labkit.measure.kv_memory import (
     ContiguousLayout,
     KVMemoryUsage,
     Layout,
@@ -19,9 +21,7 @@ from labkit.analysis.kv_memory import (
     kv_memory_usage,
     paged_blocks_per_step,
 )
-from labkit.cache.block_manager import BlockManager
-from labkit.metrics.stats import Percentiles
-from labkit.workbook.workloads import Workload, load_workload, materialise, prompt_ids_of_length, sampling_params_for
+from labkit.measure.stats import Percentiles
 
 MODEL = "labkit-tiny"
 BLOCK_SIZE = 16

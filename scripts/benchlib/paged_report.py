@@ -22,8 +22,8 @@ from benchlib.paged_measure import (
     PrefixResult,
     Sizes,
 )
-from labkit.analysis.kv_memory import KVMemoryUsage, PagedLayout, max_concurrent_seqs
-from labkit.workbook.workloads import Workload, load_workload
+from labkit.course.workloads import Workload, load_workload
+from labkit.measure.kv_memory import KVMemoryUsage, PagedLayout, max_concurrent_seqs
 
 
 def draw_figures(out_dir: Path, wl_name: str, life: dict[str, KVMemoryUsage], fits: dict[str, list[int]],
@@ -173,7 +173,7 @@ def report(command: str, hw: Hardware, sizes: Sizes, wl: Workload, life: dict[st
         "",
         f"## 1. KV memory waste on {wl.name}",
         "",
-        f"{wl.summary()}. Accounting by `labkit.analysis.kv_memory.kv_memory_usage`: every step of every "
+        f"{wl.summary()}. Accounting by `labkit.measure.kv_memory.kv_memory_usage`: every step of every "
         "request's life "
         "counts (during step s a request holds prompt_len + s tokens' K/V), so a slot wasted for 50 steps counts 50 "
         f"times; *at peak* counts each request once, at its longest. max_model_len {MAX_MODEL_LEN}.",

@@ -20,9 +20,9 @@ import psutil
 import pytest
 from busy_neighbour import start_unrelated_spinner
 
-from labkit.llm import LLM
+from labkit.core.llm import LLM
+from labkit.core.sampling_params import SamplingParams
 from labkit.measure import Rounds, Verdict, audit, compare, interleave, trend
-from labkit.sampling_params import SamplingParams
 
 PROMPTS = ["Once upon a time, a little fox", "The rain fell on the old town and", "Tom had a red ball. He",
            "In the morning the sun rose over the hill, and the children"]

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from labkit import LLM, SamplingParams
-from labkit.bench.runner import run_sync
-from labkit.engine.base import StepFailedError
+from labkit.core.engine.base import StepFailedError
+from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import AsyncLLM, EngineDeadError, ServerMetrics, TokenDelta
 
 PROMPTS = ["Once upon a time", "The little fox", "One day, Lily went to the park", "There once was a kind seal"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from labkit.bench.runner import run_sync
+from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import ServerProcess
 
 MODEL = "labkit-tiny"

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from labkit.bench import RandomDataset, ServeBenchConfig, benchmark_serving
+from labkit.measure.loadgen import RandomDataset, ServeBenchConfig, benchmark_serving
 from labkit.serving import ServerThread
 from labkit.serving.cli import parse_args
 from labkit.serving.security import AccessPolicy, parse_list_option

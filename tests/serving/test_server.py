@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from labkit import LLM, SamplingParams
-from labkit.bench.runner import run_sync
+from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import ServerThread
 from labkit.serving.cli import parse_args
 

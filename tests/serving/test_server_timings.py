@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from labkit import LLM, SamplingParams
-from labkit.bench.runner import run_sync
+from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import ServerThread
 from labkit.serving.async_engine import AsyncLLM
 from labkit.serving.cli import parse_args
@@ -117,7 +117,7 @@ def test_options_and_errors() -> None:
 
 
 def test_token_weighted_engine_share_of_a_turn() -> None:
-    from labkit.engine.step import StepStats
+    from labkit.core.engine.step import StepStats
     from labkit.serving.streams import TokenDelta
 
     def delta(num_output_tokens: int) -> TokenDelta:

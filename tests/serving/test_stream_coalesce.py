@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from labkit import LLM, SamplingParams
-from labkit.bench.runner import run_sync
+from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import AsyncLLM, TokenDelta
 from labkit.serving.cli import parse_args
 

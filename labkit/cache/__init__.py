@@ -1,5 +1,0 @@
-"""Where K/V live between steps: a contiguous per-sequence cache (notebook 03), later a paged pool."""
-
-from labkit.cache.contiguous import ContiguousKVCache
-
-__all__ = ["ContiguousKVCache"]

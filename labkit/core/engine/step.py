@@ -1,0 +1,74 @@
+"""One engine step, measured: its stages timed (``StageClock``) and what it did recorded (``StepStats``).
+
+Each stage is also a named ``torch.profiler`` range (``labkit::<stage>``) when a profiler records, so a
+trace shows schedule / prepare / forward / sample / detokenize for every step. Introduced in notebook 01
+(``01_anatomy_of_a_request``); the ranges in notebook 10 (``10_profiling_host_overhead``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit.core.device import synchronize
+
+_profiler_enabled = getattr(torch._C._autograd, "_profiler_enabled", lambda: True)
+
+
+def profiler_range(name: str) -> AbstractContextManager[object]:
+    """A named range in torch.profiler traces (notebook 10). With no profiler recording, nothing at all: an idle
+    ``record_function`` still costs ~15 µs, several times per step, which is host overhead on a small model."""
+    return torch.profiler.record_function(name) if _profiler_enabled() else nullcontext()
+
+
+@dataclass
+class StepStats:
+    """What one engine step did and where its time went. Notebook 01; plotted again in 05, 07 and 10."""
+
+    step: int
+    start: float
+    end: float
+    num_seqs: int
+    num_computed_tokens: int  # token positions run through the model (including recomputed ones)
+    num_new_tokens: int  # tokens sampled: the useful output of the step
+    stage_times: dict[str, float] = field(default_factory=dict)
+    num_padding_tokens: int = 0  # positions computed only to square up a padded batch
+    num_idle_slots: int = 0  # batch rows already finished but still computed
+    is_prefill: bool = True  # whether any prompt tokens were processed this step
+    num_prefill_tokens: int = 0  # prompt (or recomputed) tokens among num_computed_tokens
+    kv_blocks_used: int | None = None  # paged engines: blocks held during the step (before finished ones free)
+    num_preemptions: int = 0  # paged engines: preemptions so far
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class StageClock:
+    """Times the stages of one step; each stage is also a named profiler range (``labkit::<stage>``).
+
+    ``with clock.stage("forward"): ...`` times the block, synchronising the device at its end so that
+    queued kernels count in the stage that launched them. The ranges let ``torch.profiler`` traces show
+    schedule / prepare / forward / sample / detokenize for every step (notebook 10).
+    """
+
+    def __init__(self, device: torch.device, sync: bool = True) -> None:
+        self.device = device
+        self.sync = sync
+        self.times: dict[str, float] = {}
+        self.start = self.last = time.perf_counter()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        with profiler_range(f"labkit::{name}"):
+            yield
+            if self.sync:
+                synchronize(self.device)
+        # Counted from the previous stage's end, so the stages of a step add up to the whole step.
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self.last
+        self.last = now

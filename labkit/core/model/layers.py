@@ -1,0 +1,155 @@
+"""The small building blocks of a Llama-family decoder: RMSNorm, rotary embeddings, SwiGLU.
+
+Walked through in notebook 02 (``02_naive_generation``) next to transformers' versions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from labkit.core.model.config import ModelConfig
+from labkit.core.model.linear import Linear, LinearKernel
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (no mean subtraction, no bias). Notebook 02."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # weight * x / sqrt(mean(x^2) + eps), over the last dimension, in one fused op (F.rms_norm).
+        if x.dtype in (torch.float32, torch.float64):
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # 16-bit inputs: normalise in float32 (as the reference does), then scale in the model's dtype.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Per-pair rotation frequencies theta^(-2i/d), with Llama 3's long-context scaling if configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # (d/2,)
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    # Llama 3: keep high frequencies, divide low ones by `factor`, blend smoothly in between.
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE), rotating halves of each head. Notebook 02.
+
+    cos/sin are computed from the positions at every call: positions are passed explicitly,
+    so the same module serves naive recomputation, KV-cached decode and ragged batches.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: (B, T) -> cos, sin: (B, T, 1, head_dim), computed in float32 like the reference.
+        freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(positions.device)  # (B, T, d/2)
+        cos, sin = freqs.cos(), freqs.sin()
+        # Coordinate i pairs with i + d/2, both rotated by freqs[i]. The reference's rotate_half(x) is
+        # (-x2, x1); we roll x to (x2, x1) instead and keep the minus sign in sin: (-sin, sin).
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # (B, T, d)
+        return cos.to(dtype)[:, :, None, :], sin.to(dtype)[:, :, None, :]
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: (B, T, n_heads, head_dim); the same as the reference's x * cos + rotate_half(x) * sin
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+    def _init_buffers(self) -> None:
+        """Recompute inv_freq after the module was materialised from the meta device."""
+        self.inv_freq = rope_inv_freq(self.config).to(self.inv_freq.device)
+
+
+class MergedLinear:
+    """Several ``nn.Linear`` layers that read the same input, computed as one matmul: vLLM's
+    ``QKVParallelLinear`` (q, k, v) and ``MergedColumnParallelLinear`` (gate, up). Notebook 10.
+
+    One call instead of three saves the per-operator cost the host pays for each (notebook 10 measures it).
+    Each layer keeps its own parameter, so names, checkpoints and ``state_dict`` are unchanged: their weights
+    become views into one merged tensor (nothing is copied twice), and loading into them fills it. If their
+    tensors are replaced (``model.to(...)``, a new device or dtype), the next call merges them again.
+    """
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        self.weight: torch.Tensor | None = None  # (sum of out_features, in_features)
+        self.bias: torch.Tensor | None = None
+        self.kernel = LinearKernel()  # F.linear, or oneDNN over a repacked copy; the layout (labkit.core.model.linear)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.merged(x).split(self.sizes, dim=-1)
+
+    def merged(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., sum of out_features): every layer's output side by side, unsplit."""
+        if not self._is_merged():
+            self._merge()
+        return self.kernel(x, self.weight, self.bias, tuple(lin.weight for lin in self.linears))  # type: ignore
+
+    def _is_merged(self) -> bool:
+        if self.weight is None or (self.weight.stride(0) == 1) != self.kernel.wants_gemv_layout(self.weight):
+            return False
+        merged = [(self.weight, [lin.weight for lin in self.linears])]
+        if self.bias is not None:
+            merged.append((self.bias, [lin.bias for lin in self.linears]))  # type: ignore[misc]
+        for whole, parts in merged:
+            offset = whole.data_ptr()
+            for part, rows in zip(parts, self.sizes):
+                if part.data_ptr() != offset:
+                    return False
+                offset += rows * whole.stride(0) * whole.element_size()
+        return True
+
+    def _merge(self) -> None:
+        # Plain tensors even if the first call comes inside torch.inference_mode().
+        with torch.inference_mode(False), torch.no_grad():
+            weights = [lin.weight for lin in self.linears]  # (out_i, in) each
+            if self.kernel.wants_gemv_layout(weights[0]):  # (in, sum of out) memory: labkit.core.model.linear
+                self.weight = torch.cat([w.t() for w in weights], dim=1).t()
+            else:
+                self.weight = torch.cat(weights)
+            for lin, part in zip(self.linears, self.weight.split(self.sizes)):
+                lin.weight.data = part
+            self.bias = None
+            if all(lin.bias is not None for lin in self.linears):
+                self.bias = torch.cat([lin.bias for lin in self.linears])  # type: ignore[misc]
+                for lin, part in zip(self.linears, self.bias.split(self.sizes)):
+                    lin.bias.data = part  # type: ignore[union-attr]
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). Notebook 02."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = Linear(h, i, bias=False)
+        self.up_proj = Linear(h, i, bias=False)
+        self.down_proj = Linear(i, h, bias=False)
+        self.gate_up = MergedLinear(self.gate_proj, self.up_proj)  # both in one matmul
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x)  # = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)

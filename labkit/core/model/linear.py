@@ -1,0 +1,186 @@
+"""Which kernel runs a linear layer, and in which weight layout: chosen per shape.
+
+``F.linear`` multiplies by the (out, in) weight through the BLAS library PyTorch was built with (MKL on x86).
+Decode multiplies every weight by one row (a matrix-vector product, GEMV), and how fast that streams the weight
+depends on the kernel and the layout far more than on the arithmetic. On a CPU in float32 labkit therefore stores
+each weight as (in, out) in memory (the parameter still reads as (out, in): a transposed view), where MKL's GEMV
+streams it about 1.5x faster, and runs the layer on oneDNN (the library behind PyTorch's ``mkldnn`` ops) over a copy
+repacked once into its blocked layout: oneDNN streams a large weight faster than MKL (its threads split the matrix)
+and reaches about twice MKL's GEMM throughput on prefill. Calls with few rows keep ``F.linear`` for weights small
+enough to sit in the caches, where oneDNN's fixed cost per call (~15 µs against ~2 µs) outweighs its streaming.
+
+oneDNN's threads wait for each other at the end of every call. When another process holds one of the cores, the
+waiting thread's partner only runs again at the next scheduler tick: a 0.2 ms call then takes several milliseconds.
+Calls with many rows amortise that; decode-shaped calls (few rows) do not, so ``StallWatch`` times them, and after a
+few stalls close together they run on ``F.linear`` over the (in, out) memory (which stays fast under load) for
+``STALL_HOLD_S`` seconds before oneDNN is tried again. Notebook 04 measures the layouts and kernels
+(``labkit.measure.decode_roof``) and shows the stalls.
+
+The repacked copy is made on the first call and remade whenever the weight changes (loading a checkpoint,
+``model.to(...)``): parameters, names, values and ``state_dict`` stay nn.Linear's (the parameters are views).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+ONEDNN_MIN_ROWS = 16  # rows of a call from which oneDNN always runs it (the stall cost is amortised)
+ONEDNN_MIN_WEIGHT = 1 << 18  # elements (1 MiB in float32): below, a call with fewer rows stays on F.linear (the
+# weight sits in the caches, where oneDNN's fixed cost per call outweighs its faster streaming)
+LINEAR_KERNELS = ("auto", "torch")  # "auto": the choices above (CPU, float32); "torch": F.linear, (out, in) storage
+STALL_MIN_S = 1e-3  # a decode-shaped oneDNN call this slow ...
+STALL_RATIO = 4.0  # ... and this many times its layer's fastest call waited for a descheduled thread
+STALLS_TO_TRIP = 5  # this many stalls within STALL_WINDOW_CALLS decode-shaped calls: another process holds a core
+STALL_WINDOW_CALLS = 100  # (the odd stall is the system's own housekeeping: here one every half second, ~2500 calls)
+STALL_HOLD_S = 5.0  # then decode-shaped calls stay on F.linear this long, and oneDNN is tried again
+
+
+@dataclass
+class StallWatch:
+    """Whether oneDNN's threads keep waiting for a core that another process holds (process-wide, as the CPU is).
+    Notebook 04."""
+
+    calls: int = 0  # decode-shaped oneDNN calls observed, since the process started
+    stalls: int = 0  # of which stalled
+    trips: int = 0  # times decode-shaped calls moved to F.linear
+    hold_s: float = STALL_HOLD_S
+    recent_stalls: deque[int] = field(default_factory=lambda: deque(maxlen=STALLS_TO_TRIP))  # their call numbers
+    tripped_at: float = float("-inf")  # time.monotonic()
+
+    def observe(self, seconds: float, fastest: float) -> bool:
+        """Record one decode-shaped oneDNN call; True if it stalled."""
+        self.calls += 1
+        if seconds < STALL_MIN_S or seconds < STALL_RATIO * fastest:
+            return False
+        self.stalls += 1
+        self.recent_stalls.append(self.calls)
+        if len(self.recent_stalls) == STALLS_TO_TRIP and self.calls - self.recent_stalls[0] < STALL_WINDOW_CALLS:
+            self.trips += 1
+            self.tripped_at = time.monotonic()
+            self.recent_stalls.clear()
+        return True
+
+    def recent(self) -> bool:
+        """Whether decode-shaped calls should avoid oneDNN now."""
+        return time.monotonic() - self.tripped_at < self.hold_s
+
+
+STALL_WATCH = StallWatch()  # one per process: a busy core slows every thread team of this process alike
+
+
+@functools.cache
+def onednn_linear_available() -> bool:
+    """Whether this PyTorch build runs oneDNN's packed linear (x86 and most ARM builds do), checked once, exactly."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w, x = torch.randn(8, 16), torch.randn(3, 16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(y, F.linear(x, w), atol=1e-5))
+
+
+def gemv_layout(weight: torch.Tensor) -> torch.Tensor:
+    """The same (out, in) values stored as (in, out): ``F.linear`` then runs MKL's faster matrix-vector kernel."""
+    return weight.t().contiguous().t()  # (out, in) view of (in, out) memory
+
+
+class LinearKernel:
+    """Runs ``x @ weight.T + bias`` on the kernel that suits this call's shape; keeps the oneDNN copy. Notebook 04."""
+
+    def __init__(self, watch: StallWatch = STALL_WATCH) -> None:
+        self.choice = "auto"  # one of LINEAR_KERNELS; set_linear_kernel changes it for a whole model
+        self.packed: torch.Tensor | None = None  # oneDNN's blocked layout of the weight (opaque)
+        self.packed_from: tuple[int, tuple[int, ...], torch.Size] | None = None  # (data_ptr, versions, shape) of it
+        self.watch = watch
+        self.fastest = float("inf")  # seconds of this layer's fastest decode-shaped oneDNN call
+
+    def wants_gemv_layout(self, weight: torch.Tensor) -> bool:
+        """Whether ``weight`` should live in (in, out) memory: "auto", on a CPU, in float32."""
+        return self.choice == "auto" and weight.device.type == "cpu" and weight.dtype == torch.float32
+
+    def uses_onednn(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        if not self.wants_gemv_layout(weight) or x.dtype != weight.dtype:
+            return False
+        if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
+            return False  # oneDNN's packed op has no backward
+        if x.numel() < ONEDNN_MIN_ROWS * x.shape[-1] and (weight.numel() < ONEDNN_MIN_WEIGHT or self.watch.recent()):
+            return False  # decode-shaped: a small weight, or another process holds a core (F.linear does not stall)
+        return onednn_linear_available()
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 parts: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+        """``parts``: parameters whose memory ``weight`` shares (a merged layer's); writing into them (a checkpoint
+        loading) bumps their version, not the weight's, so theirs count too."""
+        if not self.uses_onednn(x, weight):
+            return F.linear(x, weight, bias)
+        made_from = (weight.data_ptr(), (weight._version, *(p._version for p in parts)), weight.shape)
+        if self.packed is None or self.packed_from != made_from:
+            with torch.inference_mode(False), torch.no_grad():  # a plain tensor even if first made in inference mode
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ONEDNN_MIN_ROWS)
+            self.packed_from = made_from
+        if x.numel() >= ONEDNN_MIN_ROWS * x.shape[-1]:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")  # (..., out)
+        start = time.perf_counter()  # decode-shaped: watch for a stall (the CPU runs the call synchronously)
+        out = torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")  # (..., out)
+        seconds = time.perf_counter() - start
+        if not self.watch.observe(seconds, self.fastest):
+            self.fastest = min(self.fastest, seconds)
+        return out
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, names, values) whose matmul runs on ``LinearKernel``'s choice. Notebook 04."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.kernel = LinearKernel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel.wants_gemv_layout(self.weight) and self.weight.stride(0) != 1:
+            relayout(self.weight, gemv_layout)  # once (and again if the weight is replaced)
+        return self.kernel(x, self.weight, self.bias)
+
+
+def relayout(weight: torch.Tensor, layout: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Store a parameter's values in another memory layout, in place: shape, values and identity stay."""
+    with torch.inference_mode(False), torch.no_grad():  # a plain tensor even if first called in inference mode
+        weight.data = layout(weight.data)
+
+
+def set_linear_kernel(model: nn.Module, choice: str) -> None:
+    """Run every linear layer of ``model`` on ``choice``: "auto" (the per-shape choice of this module) or "torch"
+    (``F.linear`` over weights stored as nn.Linear stores them, (out, in))."""
+    if choice not in LINEAR_KERNELS:
+        raise ValueError(f"linear kernel {choice!r} is not one of {', '.join(LINEAR_KERNELS)}")
+    for module in model.modules():
+        if isinstance(module, Linear) and choice == "torch" and module.weight.stride(0) == 1:
+            relayout(module.weight, torch.Tensor.contiguous)  # back to (out, in) memory
+        for value in vars(module).values():
+            if hasattr(value, "merged") and isinstance(getattr(value, "kernel", None), LinearKernel):
+                value.weight = value.bias = None  # a MergedLinear: merges again, in the new layout, on its next call
+    for kernel in linear_kernels(model):
+        kernel.choice = choice
+        kernel.packed = kernel.packed_from = None  # "torch" frees the copies; "auto" remakes them on first use
+
+
+def linear_kernels(model: nn.Module) -> list[LinearKernel]:
+    """Every ``LinearKernel`` in ``model``: its ``Linear`` layers' and its merged layers' (attributes, not modules)."""
+    kernels = []
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, LinearKernel):
+                kernels.append(value)
+            elif isinstance(getattr(value, "kernel", None), LinearKernel) and not isinstance(value, nn.Module):
+                kernels.append(value.kernel)
+    return kernels

@@ -1,0 +1,112 @@
+"""Checkers for notebook 05 (``05_static_batching``).
+
+Task 1 mirrors ``labkit.measure.batching.static_batch_tokens``: how many token positions one static batch
+computes, and how many of them were useful. Checked on hand-counted batches, then on random batches
+against a cell-by-cell count of the slot-occupancy grid (``labkit.measure.batching.static_batch_occupancy``).
+
+Tasks 2 and 3 build the static batch inside engine ``kvcache``: a ``KVCacheEngine`` subclass overriding
+``prepare_prefill`` (left padding, positions, which columns are real; ``LLM(..., engine=MyEngine)``) and a
+``ContiguousKVCache`` subclass overriding ``attention_mask`` (padding and the future hidden; ``kv_cache_cls=``).
+Their checkers compare every call with labkit's (``labkit.course.ch05_static_batching.static_batch``), then the tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from labkit.core.engine.kvcache import KVCacheEngine
+from labkit.core.kv.contiguous import ContiguousKVCache
+from labkit.course import Check, CheckResult, run_checker
+from labkit.course.ch05_static_batching.static_batch import (
+    OPTIONS,
+    SETUPS,
+    check_mask_cases,
+    watching_attention_mask,
+    watching_prepare_prefill,
+)
+from labkit.course.harness.engine_runs import KV_MAX_NUM_SEQS, check_runs, make_llm, require_subclass
+from labkit.measure.batching import static_batch_occupancy
+
+# (prompt_lens, output_lens) of one static batch -> (computed, useful), counted by hand:
+# computed = B x (max prompt + max output - 1); useful = sum of (prompt + output - 1).
+BATCH_CASES: list[tuple[list[int], list[int], tuple[int, int]]] = [
+    ([5], [3], (7, 7)),  # one request: nothing to pad, nobody to wait for
+    ([3, 3, 3], [2, 2, 2], (12, 12)),  # identical requests: no waste either
+    ([4, 2], [1, 3], (12, 8)),  # 2 padding positions (row 1) + 2 idle decode steps (row 0)
+    ([10, 1, 6], [1, 8, 2], (51, 25)),  # 13 padding + 13 idle: half the batch's work is waste
+    ([2, 5], [1, 1], (10, 7)),  # every output is 1 token: the prefill is the only step
+]
+
+
+def _pair(result: Any) -> tuple[Any, Any]:
+    computed, useful = result  # a tuple, a list or a NamedTuple of two
+    return computed, useful
+
+
+def check_static_batch_tokens(fn: Callable[[Sequence[int], Sequence[int]], Any], num_random: int = 25
+                              ) -> CheckResult:
+    """Task 1: ``fn(prompt_lens, output_lens)`` returns (computed, useful) token positions of one static batch."""
+
+    def body(check: Check) -> None:
+        for prompts, outputs, want in BATCH_CASES:
+            got = _pair(fn(list(prompts), list(outputs)))
+            check.expect(tuple(got) == want, f"prompt_lens={prompts}, output_lens={outputs}: "
+                         f"(computed, useful) = {tuple(got)!r}, expected {want}")
+        rng = random.Random(5)
+        for _ in range(num_random if not check.result.failures else 0):
+            n = rng.randint(1, 8)
+            prompts = [rng.randint(1, 40) for _ in range(n)]
+            outputs = [rng.randint(1, 30) for _ in range(n)]
+            totals = static_batch_occupancy(prompts, outputs, max_num_seqs=n).totals()
+            want = (totals.computed, totals.useful)
+            got = _pair(fn(list(prompts), list(outputs)))
+            check.expect(tuple(got) == want, f"prompt_lens={prompts}, output_lens={outputs}: "
+                         f"(computed, useful) = {tuple(got)!r}, expected {want} (counted slot by slot)")
+            if check.result.failures:
+                break
+
+    return run_checker(
+        "Task 1 (static_batch_tokens)",
+        "Every row runs the padded prefill (max prompt positions) and every decode step of the batch "
+        "(max output - 1 of them: the prefill already samples the first token). A request needs only its "
+        "own prompt + output - 1 positions: the last output token is sampled, never fed back. "
+        "Return (computed, useful), in that order.",
+        body,
+    )
+
+
+def check_prepare_prefill(cls: type[KVCacheEngine], model: str = "labkit-tiny") -> CheckResult:
+    """Task 2: ``cls`` (a ``KVCacheEngine`` subclass) builds a static batch's prefill inputs as engine kvcache must."""
+
+    def body(check: Check) -> None:
+        engine = watching_prepare_prefill(require_subclass(cls, KVCacheEngine, "class MyEngine(KVCacheEngine): ..."))
+        check_runs(check, make_llm(engine, model, max_num_seqs=KV_MAX_NUM_SEQS), SETUPS, "prepare_prefill", model,
+                   "kvcache", OPTIONS)
+
+    return run_checker(
+        "Task 2 (prepare_prefill)",
+        "T = the longest prompt; a row with p prompt tokens holds them in its LAST p columns (left padding), "
+        "valid is True exactly there, and their positions count 0 .. p-1 from the row's first real token; "
+        "padding columns: id 0, position 0, valid False.",
+        body,
+    )
+
+
+def check_attention_mask(cls: type[ContiguousKVCache], model: str = "labkit-tiny") -> CheckResult:
+    """Task 3: ``cls`` (a ``ContiguousKVCache`` subclass) masks padding and the future as a static batch needs."""
+
+    def body(check: Check) -> None:
+        cache = require_subclass(cls, ContiguousKVCache, "class MyCache(ContiguousKVCache): ...")
+        if check_mask_cases(check, cache, model):
+            llm = make_llm("kvcache", model, max_num_seqs=KV_MAX_NUM_SEQS, kv_cache_cls=watching_attention_mask(cache))
+            check_runs(check, llm, SETUPS, "attention_mask", model, "kvcache", OPTIONS)
+
+    return run_checker(
+        "Task 3 (attention_mask)",
+        "query t sits in column start + t; it may see column j when valid[b, j] and j <= start + t (broadcast "
+        "valid (B, 1, 1, S) against a (T, S) comparison of two torch.arange's), and a padding query must still "
+        "see itself (OR in j == start + t).",
+        body,
+    )

@@ -1,0 +1,167 @@
+"""Checkers for notebook 07 (``07_continuous_batching``).
+
+Task 1 is a ``Scheduler`` subclass that overrides ``Scheduler.schedule_waiting``: the admission rule (first come,
+first served while a slot, the token budget and the KV blocks allow; the first request that does not fit stops
+admission). The checker runs engine ``continuous`` with the learner's class (``LLM(..., scheduler_cls=...)``) on a
+workload whose KV pool is small enough for preemption to happen, then engine ``chunked`` on the same workload (the
+rule is the same; a prompt that does not fit whole joins with a chunk, ``num_tokens_to_schedule``, so the rule runs
+in notebook 10's capstone too), and reads every step's admission (``labkit.course.harness.trial_records``): admitted
+requests are a prefix of the queue, no more than ``max_num_seqs`` run, admissions fit the budget and take what
+``num_tokens_to_schedule`` allows (a whole prompt in ``continuous``), and a request left waiting did not fit. Then
+the run must match labkit's own scheduler: the same greedy tokens, the same batch at every step, and no KV block
+left in use.
+
+Task 2 is a ``Scheduler`` subclass that overrides ``Scheduler.reserve`` and ``Scheduler.preempt``: preemption by
+recompute. The checker runs three trials whose pools are small enough for several preemptions (engine
+``continuous``, engine ``chunked``, and ``chunked`` with async scheduling, where the launched step's requests are
+protected) and reads every ``reserve`` and ``preempt`` call (``labkit.course.ch07_continuous_batching.preemption``): the
+victim is the newest running request and never one this step already scheduled or a launched step still computes; it
+loses its blocks, waits again at the head of the queue and is counted; preemption stops once there is room. Then every
+greedy token must be transformers' (preempted requests included), no block may be left in use, and the
+preemptions and every step's batch must be those of labkit's ``Scheduler``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from labkit.core.kv.block_manager import PoolExhausted
+from labkit.core.sched.scheduler import Scheduler
+from labkit.course import Check, CheckResult, run_checker
+from labkit.course.ch07_continuous_batching.preemption import reserve_problem
+from labkit.course.harness.scheduling import TrialRequest, TrialSetup, run_trial
+from labkit.course.harness.trial_checks import check_run, require_scheduler, show
+from labkit.course.harness.trial_records import WaitingCall
+
+# Three slots, a 64-token budget and 12 blocks of 8 tokens: each limit stops admission at some step, a small
+# request waits behind a big one, and the pool runs dry mid-generation (preemptions). Then the same in engine
+# chunked with a 32-token budget: prompts that do not fit whole join with a chunk.
+ADMISSION_TRIAL = TrialSetup(
+    engine="continuous",
+    requests=(TrialRequest(24, 12), TrialRequest(20, 8), TrialRequest(30, 10), TrialRequest(8, 6),
+              TrialRequest(36, 4), TrialRequest(12, 10), TrialRequest(6, 3)),
+    max_num_seqs=3, max_num_batched_tokens=64, block_size=8, num_gpu_blocks=12,
+)
+ADMISSION_TRIALS = (ADMISSION_TRIAL, replace(ADMISSION_TRIAL, engine="chunked", max_num_batched_tokens=32))
+
+
+def admission_problem(step: int, call: WaitingCall, max_num_seqs: int, chunked: bool = False) -> str | None:
+    """What is wrong with one ``schedule_waiting`` call (in engine ``chunked`` if ``chunked``), or None."""
+    queue = [name for name, _, _ in call.queue]
+    admitted = list(call.admitted)
+    if isinstance(call.error, PoolExhausted):
+        name, num_new, blocks = next(entry for entry in call.queue if entry[0] not in call.admitted)
+        return (f"step {step}: admitting {name} ({num_new} tokens, {blocks} KV blocks) ran the pool out of blocks "
+                f"({call.free_blocks} were free before this step's admissions): ask "
+                "bm.can_allocate(seq, num_new, cached) before allocating, and stop if it says no")
+    if call.error is not None:
+        return None  # any other error is reported as such, with its line
+    if admitted != queue[: len(admitted)]:
+        jumped = next(name for name in admitted if name not in queue[: len(admitted)])
+        skipped = next(name for name in queue[: len(admitted)] if name not in admitted)
+        return (f"step {step}: {jumped} was admitted while {skipped}, ahead of it in the queue {queue}, kept waiting: "
+                "first come, first served stops at the first request that does not fit (break, not continue)")
+    if call.num_running_after > max_num_seqs:
+        return (f"step {step}: {call.num_running_after} requests were running after admission, more than "
+                f"max_num_seqs = {max_num_seqs} ({call.free_slots} slot(s) were free and you admitted "
+                f"{', '.join(admitted)}): admit only while len(self.running) < self.max_num_seqs")
+    used = sum(call.admitted.values())
+    if used > call.budget:
+        return (f"step {step}: you admitted {show(call.admitted)} (request: tokens) = {used} tokens, but only "
+                f"{call.budget} of the step's budget were left: each admission must fit what is left, and uses it up")
+    left = call.budget
+    for (name, num_new, _), n in zip(call.queue, call.admitted.values()):
+        if not chunked and n != num_new:
+            return (f"step {step}: {name} was admitted with {n} of the {num_new} tokens it must compute: engine "
+                    "continuous prefills a prompt whole (if it does not fit the budget, it waits)")
+        if chunked and n != min(num_new, left):
+            return (f"step {step}: {name} was admitted with {n} of the {num_new} tokens it must compute, with {left} "
+                    f"of the budget left: engine chunked gives it min(tokens, budget left) = {min(num_new, left)}; "
+                    "n = self.num_tokens_to_schedule(num_new, budget) says how many, in either engine")
+        left -= n
+    if call.head_fit is not None:
+        name, num_new, n, blocks = call.head_fit
+        room = (f"{max_num_seqs - call.num_running_after} slot(s), {call.budget_left} tokens of budget and "
+                f"{call.free_blocks_left} free blocks were left")
+        if n < num_new:  # engine chunked: a chunk would have joined
+            return (f"step {step}: {name} ({num_new} tokens to compute) was left waiting although a {n}-token chunk of "
+                    f"it ({blocks} KV blocks) fit: {room}. In engine chunked a prompt that does not fit whole joins "
+                    "with a chunk: n = self.num_tokens_to_schedule(num_new, budget)")
+        return (f"step {step}: {name} ({num_new} tokens, {blocks} KV blocks) was left waiting although it fit: {room}. "
+                "Admit while a slot, the budget and the blocks allow")
+    return None
+
+
+def check_schedule_waiting(cls: type[Scheduler], model: str = "labkit-tiny") -> CheckResult:
+    """Task 1: ``cls`` (a ``Scheduler`` subclass) admits waiting requests as ``continuous`` and ``chunked`` must."""
+
+    def body(check: Check) -> None:
+        for setup in ADMISSION_TRIALS:
+            trial = run_trial(require_scheduler(cls), setup, model)
+            chunked = setup.engine == "chunked"
+            for plan in trial.plans:
+                problem = plan.waiting and admission_problem(plan.step, plan.waiting, setup.max_num_seqs, chunked)
+                if problem:
+                    check.expect(False, f"engine chunked, {problem}" if chunked else problem)
+                    return
+            check_run(check, trial, "schedule_waiting", model)
+            if check.result.failures:
+                return
+
+    return run_checker(
+        "Task 1 (schedule_waiting)",
+        "loop while the queue is not empty and len(self.running) < self.max_num_seqs; take self.waiting[0]; n = "
+        "self.num_tokens_to_schedule(num_new, budget); if n == 0 or bm.can_allocate(seq, n, cached) is False, break "
+        "(never skip it); else popleft, allocate n, admit with n, and subtract n from the budget.",
+        body,
+    )
+
+
+def requests(*lengths: tuple[int, int, int]) -> tuple[TrialRequest, ...]:
+    return tuple(TrialRequest(p, o, arrival) for p, o, arrival in lengths)
+
+
+# (prompt tokens, output tokens, arrival step), R0, R1, ... in order of arrival. Blocks of 4 tokens in pools of 14-15:
+# requests outgrow the pool while they decode. Each trial preempts 4-5 times, the newest request giving way both
+# to an older one and to itself; chunked recomputes in chunks; with async scheduling the launched step's requests
+# are protected (reserve then gives up) several times.
+PREEMPTION_TRIALS = (
+    TrialSetup(engine="continuous",
+               requests=requests((5, 11, 0), (18, 9, 0), (6, 17, 0), (11, 16, 3), (23, 17, 3), (15, 12, 3)),
+               max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=14),
+    TrialSetup(engine="chunked",
+               requests=requests((14, 15, 0), (12, 15, 0), (4, 13, 0), (24, 15, 0), (15, 17, 3), (22, 8, 3)),
+               max_num_seqs=4, max_num_batched_tokens=32, block_size=4, num_gpu_blocks=14),
+    TrialSetup(engine="chunked",
+               requests=requests((11, 10, 0), (19, 12, 0), (21, 12, 0), (13, 16, 0), (17, 14, 2), (13, 17, 3)),
+               max_num_seqs=4, max_num_batched_tokens=48, block_size=4, num_gpu_blocks=15, async_scheduling=True),
+)
+
+
+def check_preemption(cls: type[Scheduler], model: str = "labkit-tiny") -> CheckResult:
+    """Task 2: ``cls`` (a ``Scheduler`` subclass) preempts by recompute as labkit's engines must."""
+
+    def body(check: Check) -> None:
+        cls_ = require_scheduler(cls)
+        for setup in PREEMPTION_TRIALS:
+            trial = run_trial(cls_, setup, model)
+            mode = " (async scheduling)" if setup.async_scheduling else ""
+            for plan in trial.plans:
+                for call in plan.reserves:
+                    problem = reserve_problem(f"engine {setup.engine}{mode}, step {plan.step}", call)
+                    if problem:
+                        check.expect(False, problem)
+                        return
+            check_run(check, trial, "reserve/preempt", model, oracle=True)
+            if check.result.failures:
+                return
+
+    return run_checker(
+        "Task 2 (preemption by recompute)",
+        "reserve: while not bm.can_allocate(seq, n): victim = self.running[-1]; if victim in out.seqs or "
+        "id(victim) in self.in_flight: return False; self.preempt(victim); if victim is seq: return False. Then "
+        "out.add(seq, n, bm.allocate(seq, n)) and return True. preempt: self.running.remove(seq), "
+        "self.block_manager.free(seq), seq.status = SequenceStatus.WAITING, count it (seq.num_preemptions and "
+        "self.num_preemptions), self.waiting.appendleft(seq).",
+        body,
+    )

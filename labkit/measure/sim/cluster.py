@@ -1,0 +1,157 @@
+"""A cluster in virtual time: colocated engines, or prefill and decode workers joined by a link.
+
+Each worker is a ``SimInstance`` (labkit's ``Scheduler`` and ``BlockManager``, a simulated runner priced by the
+fitted cost model). ``simulate`` replays a workload through an event queue: arrivals go to the least loaded
+instance that prefills; in a disaggregated cluster a request whose prompt is done on a prefill worker leaves it,
+its KV travels for ``latency + bytes / bandwidth`` seconds, and the least loaded decode worker takes it off the link
+between two of its steps (its first token is stamped then, as labkit's engine samples it there) and admits it as
+soon as it has the blocks (``SimInstance.receive``). Every request's token times come out as
+``RequestRecord``s, so the metrics are notebook 09's (TTFT, TPOT, ITL, goodput under SLOs); DistServe's figure
+of merit is goodput per device. Transfers do not queue behind each other on the link (a simplification).
+Introduced in notebook 12 (``12_disaggregated_prefill``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from labkit.core.sequence import Sequence
+from labkit.measure.loadgen.metrics import BenchMetrics, RequestRecord, calculate_metrics, count_good_requests
+from labkit.measure.sim.cost_model import StepCostModel
+from labkit.measure.sim.runner import SimInstance, sim_sequence
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """One request of a simulated workload: when it arrives (s), its prompt and output lengths. Notebook 12."""
+
+    arrival: float
+    prompt_len: int
+    output_len: int
+
+
+@dataclass
+class ClusterSpec:
+    """The cluster: ``num_prefill`` 0 means ``num_decode`` colocated (chunked) engines. Notebook 12."""
+
+    num_prefill: int = 0
+    num_decode: int = 1
+    kv_bytes_per_token: int = 0  # all layers, K and V (``labkit.measure`` / ``kv_block_bytes`` / block_size)
+    link_bandwidth: float = math.inf  # bytes/s between a prefill and a decode worker
+    link_latency: float = 0.0  # s per transfer
+    num_blocks: int = 4096  # per worker
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_prefill + self.num_decode
+
+    def transfer_time(self, prompt_len: int) -> float:
+        blocks = -(-prompt_len // self.block_size)
+        return self.link_latency + blocks * self.block_size * self.kv_bytes_per_token / self.link_bandwidth
+
+    def label(self) -> str:
+        return f"{self.num_decode} colocated" if not self.num_prefill else f"{self.num_prefill}P:{self.num_decode}D"
+
+
+@dataclass
+class SimResult:
+    """A simulated run: per-request records, the metrics under the SLOs, the workers' busy time. Notebook 12."""
+
+    spec: ClusterSpec
+    records: list[RequestRecord]
+    metrics: BenchMetrics
+    busy_fraction: list[float] = field(default_factory=list)
+    kv_bytes_moved: int = 0
+
+    def goodput_per_device(self, slos_ms: dict[str, float]) -> float:
+        return count_good_requests(self.records, slos_ms) / self.metrics.duration / self.spec.num_devices
+
+
+def make_instance(cost: StepCostModel, spec: ClusterSpec) -> SimInstance:
+    return SimInstance(cost, spec.num_blocks, spec.block_size, spec.max_num_seqs, spec.max_num_batched_tokens)
+
+
+def simulate(requests: list[SimRequest], cost: StepCostModel, spec: ClusterSpec,
+             slos_ms: dict[str, float] | None = None, max_model_len: int = 1 << 20) -> SimResult:
+    """Run ``requests`` through the cluster in virtual time; every request completes."""
+    disagg = spec.num_prefill > 0
+    prefill = [make_instance(cost, spec) for _ in range(spec.num_prefill or spec.num_decode)]
+    decode = [make_instance(cost, spec) for _ in range(spec.num_decode)] if disagg else prefill
+    inbox: list[list[Sequence]] = [[] for _ in decode]  # received KV waiting for blocks, per decode worker
+    seqs = [sim_sequence(i, r.prompt_len, r.output_len, r.arrival, max_model_len) for i, r in enumerate(requests)]
+    events: list[tuple[float, int, str, int]] = []  # (time, tie-break, kind, index)
+    order = 0
+
+    def push(t: float, kind: str, index: int) -> None:
+        nonlocal order
+        heapq.heappush(events, (t, order, kind, index))
+        order += 1
+
+    for i, r in enumerate(requests):
+        push(r.arrival, "arrive", i)
+    stepping: set[int] = set()  # id() of instances inside a step
+    picked_up: set[int] = set()  # seq_ids whose KV a decode worker has taken off the link
+    kv_bytes = 0
+    now = 0.0
+
+    def kick(t: float) -> None:
+        nonlocal kv_bytes
+        for d, inst in enumerate(decode):
+            if id(inst) in stepping:
+                continue  # a decode worker reads the link between its steps
+            for seq in inbox[d]:
+                if seq.seq_id not in picked_up:  # labkit samples the first token here, from the logits sent along
+                    picked_up.add(seq.seq_id)
+                    seq.metrics.token_times[0] = t
+            while inbox[d] and inst.receive(inbox[d][0]):
+                inbox[d].pop(0)
+        for inst in dict.fromkeys(prefill + decode):  # each once (colocated: the same list)
+            if id(inst) in stepping:
+                continue
+            ran = inst.step(t)
+            if ran is None:
+                continue
+            end, sampled = ran
+            stepping.add(id(inst))
+            push(end, "step_end", id(inst))
+            if disagg and inst in prefill:
+                for seq in sampled:  # the first token: hand the request over to a decode worker
+                    if seq.is_finished:
+                        continue
+                    inst.scheduler.finish_request(seq)  # its prefill blocks go back (the KV is on its way)
+                    target = min(range(len(decode)), key=lambda j: decode[j].load + len(inbox[j]))
+                    kv_bytes += -(-seq.num_prompt_tokens // spec.block_size) * spec.block_size * \
+                        spec.kv_bytes_per_token
+                    push(end + spec.transfer_time(seq.num_prompt_tokens), f"kv:{target}", seq.seq_id)
+
+    while events:
+        now, _, kind, index = heapq.heappop(events)
+        if kind == "arrive":
+            min(prefill, key=lambda inst: inst.load).scheduler.add_request(seqs[index])
+        elif kind == "step_end":
+            stepping.discard(index)
+        else:
+            inbox[int(kind.split(":")[1])].append(seqs[index])
+        if events and events[0][0] == now:
+            continue  # take every event of this instant before planning steps
+        kick(now)
+    unfinished = [s.seq_id for s in seqs if not s.is_finished]
+    assert not unfinished, f"simulation ended with requests {unfinished[:5]} unfinished"
+    records = [record_of(s, r) for s, r in zip(seqs, requests)]
+    start = min(r.arrival for r in requests)
+    duration = max(max(s.metrics.token_times) for s in seqs) - start
+    workers = list(dict.fromkeys(prefill + decode))
+    busy = [w.busy_time / duration for w in workers]
+    return SimResult(spec, records, calculate_metrics(records, duration, slos_ms), busy, kv_bytes)
+
+
+def record_of(seq: Sequence, req: SimRequest) -> RequestRecord:
+    times = seq.metrics.token_times
+    return RequestRecord(success=True, prompt_len=req.prompt_len, output_tokens=len(times),
+                         ttft=times[0] - req.arrival, itl=[b - a for a, b in zip(times, times[1:])],
+                         latency=times[-1] - req.arrival, start_time=req.arrival)

@@ -1,1 +1,0 @@
-"""Workbook support: the CPU/GPU profile and smoke mode, workloads, the story corpus, plots, and ``make reset``."""

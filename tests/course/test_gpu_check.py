@@ -1,0 +1,89 @@
+"""``scripts/gpu_check.py --dry-run``: the GPU plan runs on the CPU at tiny sizes and writes both reports, naming the
+hardware, with what needs CUDA skipped for a stated reason; and the Markdown report shows a GPU run's tables
+(built here from a made-up GPU result, since no GPU is at hand)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_dry_run_writes_both_reports(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--out", str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "dry-run.json").read_text(encoding="utf-8"))
+    assert report["dry_run"] and report["hardware"]["device"] == "cpu" and report["hardware"]["name"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert list(checks) == ["hardware probe", "CUDA tests", "notebooks", "decode MBU", "decode attention",
+                            "async + graphs stability"]
+    assert checks["CUDA tests"]["status"] == "skipped" and "needs a CUDA GPU" in checks["CUDA tests"]["reason"]
+    assert all(c["status"] == "passed" for name, c in checks.items() if name != "CUDA tests"), checks
+    assert checks["hardware probe"]["detail"]["memory_bandwidth"] > 0
+    assert checks["notebooks"]["detail"]["notebooks"]  # at least one notebook ran, under nbval
+    mbu = checks["decode MBU"]["detail"]
+    assert [r["batch"] for r in mbu["rows"]] == list(report["plan"]["batches"])
+    assert all(r["mbu_forward"] > 0 and r["bytes_per_step"] > 0 for r in mbu["rows"])
+    assert mbu["skipped"] == ["CUDA graphs: they need CUDA"]
+    assert {r["attention_backend"] for r in mbu["rows"]} == {"torch"}  # the interpreter is not timed in an engine
+    attention = checks["decode attention"]["detail"]
+    from labkit.core.attention import ATTENTION_BACKENDS
+
+    paths = ["torch split", "torch padded"] + (["triton"] if "triton" in ATTENTION_BACKENDS else [])
+    assert attention["paths"] == paths and attention["interpreter"] == ("triton" in paths)
+    assert len(attention["rows"]) == 4 * len(paths)  # batches (1, 2) x contexts (16, 40)
+    assert all(r["max_abs_diff"] <= attention["tolerance"] and r["gb_per_s"] > 0 for r in attention["rows"])
+    assert attention["goal"]["measured"] is None  # batch 64 x 4096 is the GPU plan's
+    stable = checks["async + graphs stability"]["detail"]
+    assert all(r["same_tokens"] for r in stable["runs"]) and stable["captures_after_start"] == 0
+    text = (tmp_path / "dry-run.md").read_text(encoding="utf-8")
+    assert text.startswith(f"# GPU check: {report['hardware']['name']}")
+    for section in ("## Hardware", "## Checks", "## Notebooks (smoke sizes)", "## Decode MBU", "## Decode attention",
+                    "## Stability"):
+        assert section in text
+    assert "| CUDA tests | skipped |" in text and "dry run on the CPU" in text
+
+
+def test_markdown_of_a_gpu_run() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    row = {"forward_ms": 2.5, "step_ms": 3.0, "bytes_per_step": 2.6e9, "mbu_forward": 0.6, "mbu_step": 0.5}
+    report = {
+        "dry_run": False, "date": "2026-01-01T00:00:00+00:00", "command": ".venv/bin/python scripts/gpu_check.py",
+        "seconds": 400.0,
+        "hardware": {"device": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory": "85.0 GB",
+                     "compute_capability": "9.0"},
+        "checks": [
+            {"name": "CUDA tests", "status": "passed", "reason": "", "seconds": 60.0, "detail": {}},
+            {"name": "decode MBU", "status": "passed", "reason": "", "seconds": 30.0, "detail": {
+                "preset": "llama3.2-1b", "dtype": "bfloat16", "prompt_len": 128, "decode_steps": 32,
+                "roof_bandwidth": 3.0e12, "skipped": [],
+                "rows": [{**row, "batch": 1, "graphs": False, "attention_backend": "torch"},
+                         {**row, "batch": 1, "graphs": True, "attention_backend": "(graph decode)"}]}},
+            {"name": "decode attention", "status": "passed", "reason": "", "seconds": 20.0, "detail": {
+                "heads": [32, 8, 64], "dtype": "bfloat16", "tolerance": 0.02, "interpreter": False,
+                "paths": ["torch split", "triton"],
+                "goal": {"path": "triton", "batch": 64, "context_len": 4096, "fraction": 0.7, "measured": 0.75},
+                "rows": [{"batch": 64, "context_len": 4096, "path": "triton", "ms": 0.2, "gb_per_s": 2700.0,
+                          "fraction_of_roof": 0.75, "kernels_per_call": 2, "max_abs_diff": 0.004}]}},
+            {"name": "async + graphs stability", "status": "passed", "reason": "", "seconds": 9.0, "detail": {
+                "model": "llama3.2-1b", "graphs": True, "captures_after_start": 0,
+                "runs": [{"seconds": 1.0, "same_tokens": True}]}},
+        ],
+    }
+    text = gpu_check.markdown(report)
+    assert text.startswith("# GPU check: NVIDIA H100 80GB HBM3") and "| compute_capability | 9.0 |" in text
+    assert "| 1 | yes | (graph decode) | 2.50 | 3.00 | 60.0% | 50.0% |" in text
+    assert "## Stability: async scheduling + CUDA graphs (llama3.2-1b)" in text
+    assert "| 64 | 4096 | triton | 0.200 | 2700.0 | 75.0% | 2 | 0.004 |" in text
+    assert "measured 75%: met" in text and "interpreter" not in text
+    assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"

@@ -1,1 +1,0 @@
-"""Reliability tests. A package, so that its conftest does not shadow ``tests/conftest.py`` (as ``tests/browser``)."""
