@@ -10,7 +10,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from labkit.core.attention import ATTENTION_BACKENDS, PagedAttentionBackend  # noqa: E402
-from labkit.core.engine import ENGINES  # noqa: E402
 from labkit.core.kv.block_manager import BlockManager  # noqa: E402
 from labkit.core.kv.contiguous import ContiguousKVCache  # noqa: E402
 from labkit.core.llm import LLM, RequestFailedError  # noqa: E402
@@ -18,6 +17,7 @@ from labkit.core.metrics import RequestMetrics, compute_latencies  # noqa: E402
 from labkit.core.model import PRESETS, ModelConfig  # noqa: E402
 from labkit.core.model.source import BUNDLED_MODEL  # noqa: E402
 from labkit.core.outputs import CompletionOutput, RequestOutput  # noqa: E402
+from labkit.core.presets import ENGINES  # noqa: E402
 from labkit.core.sampling_params import SamplingParams  # noqa: E402
 from labkit.core.sched.scheduler import Scheduler  # noqa: E402
 from labkit.core.sched.static import StaticScheduler  # noqa: E402

@@ -46,6 +46,26 @@ RANDOM_KINDS: dict[str, Callable[[int], object]] = {
 }
 
 
+# ``make check`` (the fast tier) leaves these out with ``-m "not integration and not slow"``: they start servers,
+# worker processes, subprocesses or whole benchmark runs. ``make test`` (CI) runs everything.
+INTEGRATION = (
+    "tests/serving/", "tests/core/disagg/", "tests/e2e/", "tests/measure/loadgen/test_bench_scripts.py",
+    "tests/measure/loadgen/test_bench_serve.py", "tests/measure/test_verdicts_under_load.py",
+    "tests/measure/profiling/test_quiet_profiler.py", "tests/course/test_gpu_check.py",
+    "tests/course/test_time_notebooks.py", "tests/course/test_reset.py", "tests/course/test_offline_bundle.py",
+    "tests/core/reliability/test_interrupts.py",
+)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.resolve()
+        where = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else ""
+        if where.startswith(INTEGRATION) or "disaggregated" in item.name:  # engine "disaggregated": two processes
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads() -> None:
     # LABKIT_TEST_THREADS=1 avoids oversubscription when several test runs share a small machine.

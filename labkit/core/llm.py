@@ -4,9 +4,10 @@
     out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=32, temperature=0))[0]
     out.outputs[0].text, out.metrics.ttft
 
-A request's path: ``InputProcessor`` (tokenize, validate, build ``Sequence``s) -> ``LLMEngine``
-(add, step, abort: the one loop every front end shares) -> ``OutputProcessor`` (streamed text,
-``RequestOutput``s). Introduced in notebook 01 (``01_anatomy_of_a_request``).
+A request's path: ``InputProcessor`` (tokenize, validate, build ``Sequence``s) -> the engine (``Engine.run``: add,
+step, abort, the one loop every front end shares; each ``step`` schedules, runs the model and takes the tokens back)
+-> ``OutputProcessor`` (streamed text, ``RequestOutput``s). ``docs/architecture.md`` walks one request through the
+files. Introduced in notebook 01 (``01_anatomy_of_a_request``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from tqdm.auto import tqdm
 from labkit.core.device import resolve_device, resolve_dtype
 from labkit.core.engine import Engine
 from labkit.core.engine.input_processor import InputProcessor, Prompt, eos_token_ids
-from labkit.core.engine.llm_engine import LLMEngine
 from labkit.core.engine.output_processor import OutputProcessor, RequestFailedError
-from labkit.core.engine.registry import create_engine, default_engine, engine_class
 from labkit.core.model import CausalLM, load_checkpoint, random_model
 from labkit.core.model.layers import MergedLinear
 from labkit.core.model.linear import linear_kernels
 from labkit.core.model.source import BUNDLED_MODEL, ModelSource, resolve_model_source
 from labkit.core.outputs import RequestOutput
+from labkit.core.presets import default_engine, engine_preset
 from labkit.core.sampling_params import SamplingParams
 from labkit.core.sequence import Sequence
 from labkit.core.text.tokenizer import load_tokenizer
@@ -62,24 +62,25 @@ class LLM:
         **engine_options: object,
     ) -> None:
         engine = engine or default_engine()
-        cls = engine_class(engine, engine_options)  # unknown engine or option: fail before loading anything
+        preset = engine_preset(engine, engine_options)  # unknown engine or option: fail before loading anything
         self.source: ModelSource = resolve_model_source(model)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.model_config = self.source.config
+        config = preset.make_config(engine_options, self.model_config.max_position_embeddings)  # bad values too
         self.model: CausalLM = (
             random_model(self.model_config, self.device, self.dtype, seed=seed)
             if self.source.is_preset
             else load_checkpoint(self.source.checkpoint, self.device, self.dtype)  # type: ignore[arg-type]
         )
         self.tokenizer = load_tokenizer(self.source.tokenizer_path)
-        self.engine_name: str = engine if isinstance(engine, str) else cls.name
-        self.engine: Engine = create_engine(engine, self.model, **engine_options)
+        self.engine_name: str = preset.name
+        self.engine: Engine = preset.build(self.model, config)
         self.max_model_len: int = self.engine.config.max_model_len  # type: ignore[assignment]
         self.eos_token_ids = eos_token_ids(self.source, self.tokenizer)
         self.input_processor = InputProcessor(self.engine, self.tokenizer, self.model_config.vocab_size,
                                               self.eos_token_ids, self.device, seed)
-        self.llm_engine = LLMEngine(self.engine, self.input_processor, OutputProcessor())
+        self.output_processor = OutputProcessor()
         self.closed = False
 
     def __repr__(self) -> str:
@@ -140,10 +141,10 @@ class LLM:
         groups = self.input_processor.make_sequences(prompts, params, start)
         mine = {id(s) for g in groups for s in g}
         with (tqdm(total=len(mine), desc=self.engine_name, unit="req", disable=not use_tqdm) as bar,
-              closing(self.llm_engine.run(groups, offsets, start)) as steps):
+              closing(self.engine.run(groups, offsets, start)) as steps):
             for stepped in steps:
                 bar.update(sum(s.is_finished and id(s) in mine for s in stepped))
-        return self.llm_engine.output_processor.make_outputs(groups)
+        return self.output_processor.make_outputs(groups)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the new text of one request as its tokens are produced.
@@ -158,8 +159,8 @@ class LLM:
         if len(prompts) != 1:
             raise ValueError("stream takes one prompt; use generate for many")
         (group,) = self.input_processor.make_sequences(prompts, params)
-        seq, outputs = group[0], self.llm_engine.output_processor
-        with closing(self.llm_engine.run([group], start=seq.metrics.arrival_time)) as steps:
+        seq, outputs = group[0], self.output_processor
+        with closing(self.engine.run([group], start=seq.metrics.arrival_time)) as steps:
             for _ in steps:
                 delta = outputs.pop_delta(seq)
                 if delta:
@@ -175,7 +176,12 @@ class LLM:
         an engine work step by step. Returns the n sequences of the request.
         """
         self._check_open()
-        return self.llm_engine.add_request(prompt, sampling_params)
+        prompts, params = self.input_processor.broadcast(prompt, sampling_params)
+        if len(prompts) != 1:
+            raise ValueError("add_request takes one prompt; use generate for many")
+        (group,) = self.input_processor.make_sequences(prompts, params)
+        self.engine.add_sequences(group)
+        return group
 
     def step(self) -> list[Sequence]:
         """Run one engine iteration; returns the sequences that received a token.

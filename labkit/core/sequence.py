@@ -1,8 +1,9 @@
 """A request as the engine sees it: token ids, status, sampling state, timings.
 
-Introduced in notebook 01 (``01_anatomy_of_a_request``). Every engine appends tokens through
-``Sequence.append_token``, which applies the one stop rule (``labkit.core.sched.stop.check_stop``), so requests stop
-alike whatever the scheduling.
+Introduced in notebook 01 (``01_anatomy_of_a_request``). The request is plain data: it knows its tokens and derived
+counts, never an engine rule. The scheduler decides when it stops (``labkit.core.sched.stop``, applied by
+``Scheduler.update_from_output``) and when a parallel sample may share its parent's blocks (``Scheduler.can_fork``),
+so requests stop alike whatever the scheduling.
 """
 
 from __future__ import annotations
@@ -99,47 +100,8 @@ class Sequence:
     def text(self) -> str:
         return self.detokenizer.text
 
-    def append_token(self, token_id: int, now: float) -> None:
-        """Record a sampled token and finish the sequence if the stop rule says so (``labkit.core.sched.stop``)."""
-        from labkit.core.sched.stop import check_stop  # late: labkit.core.engine imports this module
-
-        self.record_token(token_id, now)
-        stop = check_stop(self)
-        if stop is not None:
-            self.finish(*stop, now)
-
     def record_token(self, token_id: int, now: float) -> None:
         """Append a sampled token (its time, its text, any stop string it completes) without deciding to stop."""
         self.output_token_ids.append(token_id)
         self.metrics.token_times.append(now)
         self.detokenizer.append(token_id)
-
-    @property
-    def can_fork(self) -> bool:
-        """A parallel sample may share its parent's blocks once the parent's prompt K/V are computed
-        (all but the last prompt token, which each sample computes itself to draw its own first token)."""
-        p = self.parent
-        return (p is not None and not self.block_table and bool(p.block_table)
-                and p.num_computed_tokens >= self.num_prompt_tokens - 1)
-
-    @property
-    def waits_for_parent(self) -> bool:
-        """The parent is in the engine but has not computed its prompt yet: forking later saves its prefill."""
-        p = self.parent
-        return p is not None and not self.block_table and not p.is_finished and not self.can_fork
-
-    def abort(self, now: float) -> None:
-        self.finish(FinishReason.ABORT, None, now)
-
-    def fail(self, cause: BaseException, step: int, now: float) -> None:
-        """Finish with reason ERROR because engine step ``step`` raised ``cause`` while running this sequence."""
-        self.error = f"engine step {step} failed: {type(cause).__name__}: {cause}"
-        self.error_cause = cause
-        self.finish(FinishReason.ERROR, None, now)
-
-    def finish(self, reason: FinishReason, stop_reason: str | int | None, now: float) -> None:
-        """Finish with ``reason``; ``stop_reason``: the stop string or stop token id that ended it, if any."""
-        self.status = SequenceStatus.FINISHED
-        self.finish_reason = reason
-        self.stop_reason = stop_reason
-        self.metrics.finished_time = now

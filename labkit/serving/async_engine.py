@@ -5,7 +5,7 @@ work like that. Requests arrive while the engine is mid-run, each wants its toke
 a client may leave at any moment. vLLM's ``AsyncLLM`` splits the two sides; so does this one:
 
 * **the engine thread** loops forever: drain the command queue (add / abort / snapshot), run one
-  ``LLMEngine.step()`` (the step every front end shares: a failed step fails only its own requests),
+  engine step (the step every front end shares: a failed step fails only its own requests),
   hand each new token to its request's stream. It is the *only* thread that touches the engine, so
   the scheduler's queues never change under a running step;
 * **the asyncio side** (the web server's event loop) tokenizes and validates a request with the
@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
+from labkit.core.engine.base import StepFailedError
 from labkit.core.llm import LLM
 from labkit.core.sampling_params import SamplingParams
 from labkit.core.sequence import FinishReason, Sequence, SequenceStatus
@@ -56,7 +57,7 @@ class AsyncLLM:
         self.hand_off = hand_off  # how a step's tokens reach the event loop (see _deliver)
         self.coalesce = coalesce  # a consumer that fell behind takes its waiting deltas as one (streams.py)
         self.llm = llm
-        self.llm_engine = llm.llm_engine
+        self.engine = llm.engine
         self.metrics = metrics
         self.timings = timings  # where the engine thread's time goes (``--record-timings``); None: not recorded
         self.idle_wait = idle_wait  # seconds the idle engine thread sleeps between checks for work
@@ -109,7 +110,7 @@ class AsyncLLM:
         """Tokenize and validate one request (raises ValueError/TypeError naming the problem). n must be 1."""
         if params.n != 1:
             raise ValueError(f"AsyncLLM serves one completion per request (n=1), got n={params.n}")
-        (group,) = self.llm_engine.input_processor.make_sequences([prompt], [params])  # LLM.generate's checks
+        (group,) = self.llm.input_processor.make_sequences([prompt], [params])  # LLM.generate's checks
         return group[0]
 
     async def generate(self, prompt: str | list[int] | Sequence, params: SamplingParams | None = None
@@ -158,14 +159,16 @@ class AsyncLLM:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._drain()
-            if not self.llm_engine.has_unfinished_requests():
+            if not self.engine.has_unfinished_requests():
                 self._wake.wait(self.idle_wait)  # nothing to do: sleep until a command arrives
                 self._wake.clear()
                 continue
             num_stats = len(self.llm.engine.step_stats)
             start = time.perf_counter()
             try:
-                stepped = self.llm_engine.step()  # a failed step's requests come back finished ("error")
+                stepped = self.engine.step()
+            except StepFailedError as exc:  # contained: its requests come back finished ("error"), the rest go on
+                stepped = exc.failed + exc.finished
             except Exception as exc:  # noqa: BLE001  (an engine that does not contain its faults must not kill the server)
                 self.last_error = exc
                 self._fail_all(exc)
@@ -195,7 +198,7 @@ class AsyncLLM:
                 break
             if cmd.kind == "add" and cmd.stream is not None:
                 seq = cmd.stream.seq
-                self.llm_engine.add_sequences([seq])
+                self.engine.add_sequences([seq])
                 self._streams[seq.seq_id] = cmd.stream
                 if self.metrics is not None:
                     self.metrics.request_added(seq.num_prompt_tokens)
@@ -210,7 +213,7 @@ class AsyncLLM:
     def _abort_now(self, request_id: int) -> bool:
         """Drop a request from the engine (its KV blocks go back now); engine thread only."""
         stream = self._streams.pop(request_id, None)
-        seq = self.llm_engine.abort_request(request_id)
+        seq = self.engine.abort_request(request_id)
         if seq is not None and self.metrics is not None:
             self.metrics.request_finished("abort", None)
         return stream is not None or seq is not None
@@ -234,7 +237,7 @@ class AsyncLLM:
             stream.num_emitted = seq.num_output_tokens
             reason = seq.finish_reason.value if seq.finish_reason is not None else None
             delta = TokenDelta(request_id=seq.seq_id, token_ids=list(new),
-                               text=self.llm_engine.output_processor.pop_delta(seq), finished=seq.is_finished,
+                               text=self.llm.output_processor.pop_delta(seq), finished=seq.is_finished,
                                finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
                                num_output_tokens=seq.num_output_tokens, time=seq.metrics.token_times[-1])
             if self.metrics is not None:

@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from labkit.core.engine.base import Engine
-from labkit.core.engine.core import EngineCore
+from labkit.core.engine.engine_core import EngineCore
 from labkit.serving.protocol import (
     ChatMessage,
     RequestCapacity,

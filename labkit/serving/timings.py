@@ -6,7 +6,7 @@ returns the totals (a client subtracts two snapshots to get one run's share):
 
 per request (worker thread)         ``parse`` (JSON, validation, limits), ``tokenize`` (text or chat template
                                     to ids), inside ``prepare`` (the whole of it)
-per step (engine thread)            ``engine_step`` (``LLMEngine.step``: schedule, prepare inputs, forward,
+per step (engine thread)            ``engine_step`` (the engine's ``step``: schedule, prepare inputs, forward,
                                     sample, detokenize, each also as ``engine:<stage>``), then ``collect`` (each
                                     request's new text and delta), ``metrics`` (Prometheus) and ``post`` (handing
                                     the deltas to the event loop, in ``wake_ups`` calls: counted, not timed)

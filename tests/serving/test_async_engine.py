@@ -13,6 +13,7 @@ import pytest
 
 from labkit import LLM, SamplingParams
 from labkit.core.engine.base import StepFailedError
+from labkit.core.sched.stop import fail
 from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import AsyncLLM, EngineDeadError, ServerMetrics, TokenDelta
 
@@ -167,7 +168,7 @@ def test_a_contained_step_failure_fails_only_the_named_requests(engine: AsyncLLM
             # the engine, its memory returned, finished with reason "error"; the others are untouched.
             cause = RuntimeError("device lost")
             llm.engine.abort_request(victim.seq_id)
-            victim.fail(cause, calls["n"] - 1, time.perf_counter())
+            fail(victim, cause, calls["n"] - 1, time.perf_counter())
             raise StepFailedError(calls["n"] - 1, [victim], cause)
         return real_step()
 

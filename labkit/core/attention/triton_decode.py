@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import torch
 
 # Without a GPU, Triton runs kernels only under its interpreter, and the choice is made when triton is imported (its
-# own library functions, tl.sum and tl.max among them, are decorated then). labkit.core.attention imports this module
-# before anything of labkit imports triton: choose the interpreter here, unless the process imported triton already.
+# own library functions, tl.sum and tl.max among them, are decorated then). labkit imports triton only here, when the
+# "triton" backend is first chosen (or TRITON_MISSING first read): choose the interpreter now, unless the process
+# imported triton already (then ``is_interpreting`` says so, and a kernel launch explains what to do).
 if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 from labkit.core.disagg.prefill_worker import PrefillWorker
 from labkit.core.disagg.receive import KVReceiver
-from labkit.core.engine.config import ContinuousConfig, check_positive_int, resolve_class
+from labkit.core.engine.config import PagedConfig, check_positive_int, resolve_class
 
 
 @dataclass
-class DisaggregatedConfig(ContinuousConfig):
+class DisaggregatedConfig(PagedConfig):
     """The decode worker's options are ``chunked``'s (its pool, scheduler and budget: a preempted request is
     recomputed there); the rest are the prefill worker's and the link's. Notebook 12."""
 

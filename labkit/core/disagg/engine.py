@@ -26,9 +26,10 @@ import torch
 from labkit.core.disagg.client import ErrorMessage, KVMessage, PrefillClient
 from labkit.core.disagg.config import DisaggregatedConfig
 from labkit.core.disagg.transfer import TransferError
-from labkit.core.engine.core import EngineCore
-from labkit.core.engine.sampler import sample
+from labkit.core.engine.engine_core import EngineCore
 from labkit.core.model import CausalLM
+from labkit.core.sampler import sample
+from labkit.core.sched.stop import append_token
 from labkit.core.sequence import Sequence
 
 
@@ -60,9 +61,8 @@ class DisaggregatedEngine(EngineCore):
     name = "disaggregated"
     config_class = DisaggregatedConfig
     config: DisaggregatedConfig
-    enable_chunked_prefill = True  # only a preempted request is prefilled here (recomputed), in chunks
-
     def __init__(self, model: CausalLM, config: DisaggregatedConfig) -> None:
+        config.enable_chunked_prefill = True  # only a preempted request is prefilled here (recomputed), in chunks
         super().__init__(model, config)
         assert config.max_model_len is not None
         self.receiver = config.kv_receiver_cls()
@@ -72,10 +72,6 @@ class DisaggregatedEngine(EngineCore):
         self.transfers: list[TransferRecord] = []
         self.client = PrefillClient(model, config.block_size, config.max_model_len, config.attention_backend,
                                     config.prefill_worker_cls, config.transfer_timeout_s, config.prefill_num_threads)
-
-    @property
-    def max_num_batched_tokens(self) -> int:
-        return self.config.max_num_batched_tokens or 512
 
     # ---- the queues: the scheduler's, plus the requests on their way through the prefill worker ----
 
@@ -115,30 +111,33 @@ class DisaggregatedEngine(EngineCore):
 
     # ---- one step ----
 
-    def _step(self) -> list[Sequence]:
-        now = time.perf_counter()
-        done: list[Sequence] = []
-        failed: list[tuple[Sequence, str]] = []
-        try:
-            self._take(self.client.poll(), now, done, failed)
-            self._admit_arrived()
-            self._dispatch()
-            if not self.scheduler.has_unfinished_requests() and not done and self.client.num_inflight:
-                self._take(self.client.wait(), time.perf_counter(), done, failed)  # nothing to decode meanwhile
+    def step(self) -> list[Sequence]:
+        """Take the prefill worker's answers (first tokens, KV into the pool), hand it new prompts, then one decode
+        step (``EngineCore.step``, run inside this step) for the running batch."""
+        with self.step_context():
+            now = time.perf_counter()
+            done: list[Sequence] = []
+            failed: list[tuple[Sequence, str]] = []
+            try:
+                self._take(self.client.poll(), now, done, failed)
                 self._admit_arrived()
-        except TransferError as exc:  # the link is gone: everything on its way through the prefill worker fails
-            lost = [s for s, _ in self.in_transit.values() if not s.is_finished] + list(self.to_prefill)
-            self.in_transit.clear()
-            failed += [(s, str(exc)) for s in lost]
-        if failed:
-            # The base class fails the step's sequences: these, and the ones that finished on their first token.
-            self._scheduled = [s for s, _ in failed] + [s for s in done if s.is_finished]
-            reasons = "; ".join(sorted({why for _, why in failed}))
-            raise TransferError(f"{len(failed)} request(s) could not be prefilled: {reasons}")
-        if self.scheduler.has_unfinished_requests():
-            seen = {id(s) for s in done}
-            done += [s for s in super()._step() if id(s) not in seen]  # one admitted now may decode at once
-        return done
+                self._dispatch()
+                if not self.scheduler.has_unfinished_requests() and not done and self.client.num_inflight:
+                    self._take(self.client.wait(), time.perf_counter(), done, failed)  # nothing to decode meanwhile
+                    self._admit_arrived()
+            except TransferError as exc:  # the link is gone: everything on its way through the prefill worker fails
+                lost = [s for s, _ in self.in_transit.values() if not s.is_finished] + list(self.to_prefill)
+                self.in_transit.clear()
+                failed += [(s, str(exc)) for s in lost]
+            if failed:
+                # The step fails its sequences: these, and the ones that finished on their first token.
+                self._scheduled = [s for s, _ in failed] + [s for s in done if s.is_finished]
+                reasons = "; ".join(sorted({why for _, why in failed}))
+                raise TransferError(f"{len(failed)} request(s) could not be prefilled: {reasons}")
+            if self.scheduler.has_unfinished_requests():
+                seen = {id(s) for s in done}
+                done += [s for s in super().step() if id(s) not in seen]  # one admitted now may decode at once
+            return done
 
     def _dispatch(self) -> None:
         """Hand waiting prompts to the prefill worker, up to ``max_num_inflight_prefills`` out at once. Their
@@ -176,7 +175,7 @@ class DisaggregatedEngine(EngineCore):
                                     f"{expected} for {seq.num_prompt_tokens} prompt tokens"))
                 continue
             token = sample(msg.logits[None], [seq.params], [seq.generator])[0]
-            seq.append_token(token, time.perf_counter())
+            append_token(seq, token, time.perf_counter())
             done.append(seq)
             if not seq.is_finished:  # a request that ends on its first token needs no decode blocks
                 self.arrived.append((seq, msg.kv, record))

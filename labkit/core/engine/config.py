@@ -9,8 +9,8 @@ for engine ``kvcache``. This is how a learner's code runs inside the real engine
 
 from __future__ import annotations
 
-import importlib
 import os
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,13 +37,12 @@ def check_positive_int(name: str, value: object) -> None:
 def resolve_class(option: str, value: object, base: type[T]) -> type[T]:
     """``value`` as a subclass of ``base``: a class, or an import path "package.module.Class"."""
     if isinstance(value, str):
-        module_name, _, attr = value.rpartition(".")
-        if not module_name:
+        if "." not in value:
             raise ValueError(f"{option} must be a class or an import path like 'mymodule.{base.__name__}', "
                              f"got {value!r}")
         try:
-            value = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
+            value = pkgutil.resolve_name(value)
+        except (ImportError, AttributeError, ValueError) as exc:
             raise ValueError(f"{option}={value!r} cannot be imported: {exc}") from exc
     if not (isinstance(value, type) and issubclass(value, base)):
         raise TypeError(f"{option} must be a subclass of labkit.{base.__name__} (or its import path), got {value!r}")
@@ -71,9 +70,16 @@ class KVCacheConfig(EngineConfig):
 
 @dataclass
 class PagedConfig(EngineConfig):
-    """Options of the paged engines (vLLM's names; ``kv_cache_memory`` is a byte budget). Notebook 06."""
+    """Options of the paged engines ``paged``, ``continuous`` and ``chunked`` (vLLM's names; ``kv_cache_memory`` is a
+    byte budget). Each preset (``labkit.core.presets``) fills in its own defaults and refuses what it does not take.
+    Notebook 06; the token budget in 07-08, speculative decoding in 13."""
 
     max_num_seqs: int = 16
+    # The per-step token budget. None: the preset's (a whole max_model_len prompt; 512 when chunking).
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = False  # split prompts into chunks under the budget (set by preset "chunked")
+    # Speculative decoding (notebook 13): vLLM's dict ("method", "num_speculative_tokens", ...), checked here.
+    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
     block_size: int = 16
     num_gpu_blocks: int | None = None  # pool size in blocks; overrides the memory budget
     kv_cache_memory: int | None = None  # pool size in bytes (all layers, K and V)
@@ -120,6 +126,13 @@ class PagedConfig(EngineConfig):
             backend = resolve_class("attention_backend", backend, PagedAttentionBackend)
         # "auto" waits for the device (the engine resolves it); anything else is checked now
         self.attention_backend = backend if backend == AUTO else resolve_attention_backend(backend)
+        if self.max_num_batched_tokens is not None:
+            check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.speculative_config is not None:
+            self.speculative_config = SpeculativeConfig.from_option(self.speculative_config)
+            if self.async_scheduling:
+                raise ValueError("speculative_config cannot be combined with async_scheduling=True: the next step's "
+                                 "proposals depend on how many of this step's were accepted")
 
     def use_cuda_graphs(self, device_type: str) -> bool:
         """Whether decode steps run as CUDA graphs on this device: ``enforce_eager=None`` means yes on CUDA and no
@@ -143,23 +156,3 @@ def capture_sizes(max_num_seqs: int, cap: int = MAX_CAPTURE_SIZE) -> tuple[int, 
     sizes = [1, 2, 4] + list(range(8, cap + 1, 8))
     last = next((i for i, b in enumerate(sizes) if b >= max_num_seqs), len(sizes) - 1)
     return tuple(sizes[: last + 1])
-
-
-@dataclass
-class ContinuousConfig(PagedConfig):
-    """Options of ``continuous``/``chunked``. ``max_num_batched_tokens=None``: max_model_len when
-    prompts are prefilled whole, 512 when chunked. Notebooks 07-08."""
-
-    max_num_batched_tokens: int | None = None
-    # Speculative decoding (notebook 13): vLLM's dict ("method", "num_speculative_tokens", ...), checked here.
-    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.max_num_batched_tokens is not None:
-            check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
-        if self.speculative_config is not None:
-            self.speculative_config = SpeculativeConfig.from_option(self.speculative_config)
-            if self.async_scheduling:
-                raise ValueError("speculative_config cannot be combined with async_scheduling=True: the next step's "
-                                 "proposals depend on how many of this step's were accepted")

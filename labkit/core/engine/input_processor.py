@@ -143,7 +143,7 @@ class InputProcessor:
                        ) -> list[list[Sequence]]:
         """One list of sequences per prompt (n of them when SamplingParams.n > 1), every one validated.
 
-        Nothing is added to the engine: the caller queues them (``LLMEngine``), at their arrival time.
+        Nothing is added to the engine: the caller queues them (``Engine.run``), at their arrival time.
         """
         now = time.perf_counter() if arrival_time is None else arrival_time
         encoded = []

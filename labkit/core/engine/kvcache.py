@@ -17,10 +17,11 @@ import torch
 
 from labkit.core.engine.base import Engine
 from labkit.core.engine.config import EngineConfig, KVCacheConfig
-from labkit.core.engine.sampler import sample
 from labkit.core.engine.step import StageClock
 from labkit.core.kv.contiguous import ContiguousKVCache
 from labkit.core.model import CausalLM
+from labkit.core.sampler import sample
+from labkit.core.sched.stop import append_token
 from labkit.core.sequence import Sequence, SequenceStatus
 
 
@@ -111,38 +112,40 @@ class KVCacheEngine(Engine):
         return ids, positions, valid
 
     @torch.inference_mode()
-    def _step(self) -> list[Sequence]:
-        clock = StageClock(self.device)
-        with clock.stage("schedule"):
-            if self.batch is None and self.waiting:
-                self.batch = self._start_batch(clock.start)
-        if self.batch is None:
-            return []
-        batch = self.batch
-        # Every unfinished row runs this step; a fault leaves the shared cache half-written, so it fails them all.
-        self._before_forward([s for s in batch.seqs if not s.is_finished])
-        is_prefill = not batch.prefilled
-        with clock.stage("prepare"):
-            inputs = self.prepare_prefill(batch.seqs) if is_prefill else self.prepare_decode(batch.seqs)
-            ids, positions, valid = (t.to(self.device) for t in inputs)  # each (B, T)
-            batch.cache.begin_step(valid)
-        with clock.stage("forward"):
-            hidden = self.model(ids, positions, batch.cache)  # (B, T, hidden)
-            batch.cache.end_step(ids.shape[1])
-            batch.prefilled = True
-            logits = self.model.compute_logits(hidden[:, -1])  # (B, vocab): the last column is every row's newest token
-        with clock.stage("sample"):
-            active = [s for s in batch.seqs if not s.is_finished]
-            rows = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
-            tokens = sample(logits[rows], [s.params for s in active], [s.generator for s in active])
-        with clock.stage("detokenize"):
-            for seq, token in zip(active, tokens):
-                seq.append_token(token, clock.last)
-            num_pad = int((~valid).sum())
-            idle = len(batch.seqs) - len(active)
-            if all(s.is_finished for s in batch.seqs):
-                self.batch = None
-        self.record_step(clock.start, clock.last, clock.times, num_seqs=len(batch.seqs),
-                         num_computed_tokens=ids.numel(), num_new_tokens=len(active), num_prefill_tokens=0,
-                         num_padding_tokens=num_pad, num_idle_slots=idle, is_prefill=is_prefill)
-        return active
+    def step(self) -> list[Sequence]:
+        """Start a static batch if none runs (its prefill), else decode one token for every row."""
+        with self.step_context():
+            clock = StageClock(self.device)
+            with clock.stage("schedule"):
+                if self.batch is None and self.waiting:
+                    self.batch = self._start_batch(clock.start)
+            if self.batch is None:
+                return []
+            batch = self.batch
+            # Every unfinished row runs this step; a fault leaves the shared cache half-written, so it fails them all.
+            self._before_forward([s for s in batch.seqs if not s.is_finished])
+            is_prefill = not batch.prefilled
+            with clock.stage("prepare"):
+                inputs = self.prepare_prefill(batch.seqs) if is_prefill else self.prepare_decode(batch.seqs)
+                ids, positions, valid = (t.to(self.device) for t in inputs)  # each (B, T)
+                batch.cache.begin_step(valid)
+            with clock.stage("forward"):
+                hidden = self.model(ids, positions, batch.cache)  # (B, T, hidden)
+                batch.cache.end_step(ids.shape[1])
+                batch.prefilled = True
+                logits = self.model.compute_logits(hidden[:, -1])  # (B, vocab): every row's newest token is last
+            with clock.stage("sample"):
+                active = [s for s in batch.seqs if not s.is_finished]
+                rows = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
+                tokens = sample(logits[rows], [s.params for s in active], [s.generator for s in active])
+            with clock.stage("detokenize"):
+                for seq, token in zip(active, tokens):
+                    append_token(seq, token, clock.last)
+                num_pad = int((~valid).sum())
+                idle = len(batch.seqs) - len(active)
+                if all(s.is_finished for s in batch.seqs):
+                    self.batch = None
+            self.record_step(clock.start, clock.last, clock.times, num_seqs=len(batch.seqs),
+                             num_computed_tokens=ids.numel(), num_new_tokens=len(active), num_prefill_tokens=0,
+                             num_padding_tokens=num_pad, num_idle_slots=idle, is_prefill=is_prefill)
+            return active

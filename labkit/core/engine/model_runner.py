@@ -1,16 +1,17 @@
-"""The model runner: turns a scheduled ragged batch into tensors, runs the model, samples.
+"""The model runner: turns a scheduled ragged batch into tensors, runs the model, samples (vLLM's model runner).
 
 Shared by every paged engine (``paged``, ``continuous``, ``chunked``). The scheduler decides *which*
 sequences run and *how many* new tokens each computes; the runner prepares input ids, positions and
 the slot mapping, runs one forward pass, and samples for each sequence whose tokens are now all
-computed (a prefill chunk that stops mid-prompt samples nothing). Introduced in notebook 06.
+computed (a prefill chunk that stops mid-prompt samples nothing). It touches no scheduler bookkeeping: the
+scheduler's ``update_from_output`` takes the tokens back. With speculative decoding (notebook 13) it also holds the
+proposer and the acceptance rule. Introduced in notebook 06.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,16 +19,16 @@ import torch
 from labkit.core.attention import PagedAttentionBackend, PagedAttentionMetadata, TorchAttentionBackend
 from labkit.core.attention.decode import host_to_device
 from labkit.core.engine.cuda_graphs import DecodeGraphs, capture_supported
-from labkit.core.engine.sampler import sample
 from labkit.core.engine.step import StageClock
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.core.model import CausalLM
-from labkit.core.sched.output import SchedulerOutput
+from labkit.core.sampler import sample
+from labkit.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from labkit.core.sequence import Sequence
-
-if TYPE_CHECKING:
-    from labkit.core.spec_decode.rejection_sampler import RejectionSampler
+from labkit.core.spec_decode.metrics import SpecDecodingStats
+from labkit.core.spec_decode.proposer import Proposer
+from labkit.core.spec_decode.rejection_sampler import RejectionSampler
 
 
 @dataclass
@@ -78,7 +79,8 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, pool: PagedKVPool, block_manager: BlockManager,
                  prepare_inputs: str = "vectorized",
-                 attention_backend: type[PagedAttentionBackend] = TorchAttentionBackend) -> None:
+                 attention_backend: type[PagedAttentionBackend] = TorchAttentionBackend,
+                 drafter: Proposer | None = None, rejection_sampler: RejectionSampler | None = None) -> None:
         self.model = model
         self.attention_backend = attention_backend
         self.pool = pool
@@ -86,6 +88,10 @@ class ModelRunner:
         self.device = model.device
         self.prepare = self.prepare_vectorized if prepare_inputs == "vectorized" else self.prepare_loop
         self.graphs: DecodeGraphs | None = None
+        # Speculative decoding (notebook 13): who proposes, the rule that keeps or replaces proposals, how it went.
+        self.drafter = drafter
+        self.rejection_sampler = rejection_sampler or (RejectionSampler() if drafter is not None else None)
+        self.spec_decoding_stats = SpecDecodingStats()
 
     def use_decode_graphs(self, sizes: tuple[int, ...], max_blocks: int, capture: bool | None = None) -> DecodeGraphs:
         """Run decode steps through ``DecodeGraphs``, every graph captured now (``capture``: default on CUDA; off
@@ -204,9 +210,32 @@ class ModelRunner:
         inputs.pending_rows = []
 
     @torch.inference_mode()
+    def execute_model(self, batch: SchedulerOutput, clock: StageClock) -> ModelRunnerOutput:
+        """One scheduled step (vLLM's ``execute_model``): proposals first (speculative decoding), then the inputs,
+        one forward pass, and sampling (verifying the proposals) for every sequence that caught up."""
+        draft_probs = None
+        if self.drafter is not None:
+            with clock.stage("propose"):
+                draft_probs = self.drafter.propose_for_step(batch)
+        with clock.stage("prepare"):
+            inputs = self.prepare_step(batch)
+        logits = self.forward(inputs, clock)
+        with clock.stage("sample"):
+            samplers = inputs.samplers
+            if not samplers:
+                return ModelRunnerOutput()
+            if self.rejection_sampler is None or draft_probs is None:
+                tokens = sample(logits, [s.params for s in samplers], [s.generator for s in samplers])
+                return ModelRunnerOutput(samplers, [[t] for t in tokens])
+            verified = self.rejection_sampler.verify_batch(logits, samplers, draft_probs)  # accepted, then one
+            for seq, accepted in zip(samplers, verified):
+                self.spec_decoding_stats.observe(len(seq.spec_token_ids), len(accepted) - 1)
+            return ModelRunnerOutput(samplers, verified)
+
+    @torch.inference_mode()
     def execute(self, inputs: StepInputs, clock: StageClock) -> list[int]:
-        """The device's part of a step: block copies, one forward pass, sampling. Touches no host bookkeeping,
-        so async scheduling can run it on a worker thread while the host prepares the next step."""
+        """The device's part of a prepared step: block copies, one forward pass, sampling. Touches no host
+        bookkeeping, so async scheduling (notebook 10) runs it on a worker thread while the host plans the next."""
         logits = self.forward(inputs, clock)
         with clock.stage("sample"):
             samplers = inputs.samplers
@@ -225,46 +254,3 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (1, N, hidden)
             index = inputs.logits_index if inputs.logits_index is not None else rows
             return self.model.compute_logits(hidden[0, index]) if rows else None  # (n_sampled, vocab)
-
-    def advance(self, batch: SchedulerOutput) -> None:
-        """The step's tokens are computed: move each sequence on and offer its full blocks to the prefix cache."""
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
-
-    @staticmethod
-    def advance_launched(batch: SchedulerOutput, inputs: StepInputs) -> None:
-        """Async scheduling: count a launched step's tokens as computed and its samples as pending, so the
-        next step can be planned before the device finishes (blocks are offered to the prefix cache later)."""
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-        for seq in inputs.samplers:
-            seq.num_pending_tokens = 1
-
-    @torch.inference_mode()
-    def run_speculative(self, batch: SchedulerOutput, clock: StageClock, rejection_sampler: RejectionSampler,
-                        draft_probs: dict[int, torch.Tensor | None]) -> list[tuple[Sequence, list[int]]]:
-        """One step whose decodes carry proposals (notebook 13): one forward pass verifies them all; each sampling
-        sequence gets its accepted proposals plus one token. Rejected proposals are rolled back: they do not count
-        as computed (their K/V slots are overwritten later) and blocks holding only them go back to the pool."""
-        with clock.stage("prepare"):
-            inputs = self.prepare_step(batch)
-        logits = self.forward(inputs, clock)
-        with clock.stage("sample"):
-            tokens = rejection_sampler.verify_batch(logits, inputs.samplers, draft_probs) if inputs.samplers else []
-            rejected = {id(s): len(s.spec_token_ids) - (len(t) - 1) for s, t in zip(inputs.samplers, tokens)}
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                seq.num_computed_tokens += n - rejected.get(id(seq), 0)
-                seq.spec_token_ids = []
-                self.block_manager.trim(seq)
-                self.block_manager.cache_full_blocks(seq)
-        return list(zip(inputs.samplers, tokens))
-
-    def run(self, batch: SchedulerOutput, clock: StageClock) -> list[tuple[Sequence, int]]:
-        """One synchronous step; returns (sequence, sampled token) for sequences that sample this step."""
-        with clock.stage("prepare"):
-            inputs = self.prepare_step(batch)
-        tokens = self.execute(inputs, clock)
-        with clock.stage("sample"):
-            self.advance(batch)
-        return list(zip(inputs.samplers, tokens))

@@ -16,10 +16,10 @@ import torch
 
 from labkit.core.engine.base import Engine
 from labkit.core.engine.config import EngineConfig
-from labkit.core.engine.sampler import sample
 from labkit.core.engine.step import StageClock
 from labkit.core.model import CausalLM
-from labkit.core.sched.stop import StopDecision, check_stop
+from labkit.core.sampler import sample
+from labkit.core.sched.stop import StopDecision, check_stop, finish
 from labkit.core.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -72,30 +72,32 @@ class NaiveEngine(Engine):
         return check_stop(seq)
 
     @torch.inference_mode()
-    def _step(self) -> list[Sequence]:
-        clock = self.clock = StageClock(self.device)
-        with clock.stage("schedule"):
-            if self.running is None and self.waiting:
-                self.running = self.waiting.popleft()
-                self.running.status = SequenceStatus.RUNNING
-                self.running.metrics.first_scheduled_time = clock.start
-        if self.running is None:
-            return []
-        seq = self.running
-        self._before_forward([seq])
-        is_prefill = seq.num_output_tokens == 0
-        num_computed = seq.num_tokens  # the whole sequence goes through the model
-        token = self.next_token(seq)
-        if "forward" not in clock.times:  # a next_token that times no stages of its own: all of it is the forward
-            with clock.stage("forward"):
-                pass
-        with clock.stage("detokenize"):
-            seq.record_token(token, clock.last)
-            stop = self.check_stop(seq)
-            if stop is not None:
-                reason, stop_reason = stop
-                seq.finish(FinishReason(reason), stop_reason, clock.last)
-                self.running = None
-        self.record_step(clock.start, clock.last, clock.times, num_seqs=1, num_computed_tokens=num_computed,
-                         num_new_tokens=1, num_prefill_tokens=0, is_prefill=is_prefill)
-        return [seq]
+    def step(self) -> list[Sequence]:
+        """Admit the next request if none runs, then one forward pass over its whole sequence and one new token."""
+        with self.step_context():
+            clock = self.clock = StageClock(self.device)
+            with clock.stage("schedule"):
+                if self.running is None and self.waiting:
+                    self.running = self.waiting.popleft()
+                    self.running.status = SequenceStatus.RUNNING
+                    self.running.metrics.first_scheduled_time = clock.start
+            if self.running is None:
+                return []
+            seq = self.running
+            self._before_forward([seq])
+            is_prefill = seq.num_output_tokens == 0
+            num_computed = seq.num_tokens  # the whole sequence goes through the model
+            token = self.next_token(seq)
+            if "forward" not in clock.times:  # a next_token that times no stages of its own: all of it is the forward
+                with clock.stage("forward"):
+                    pass
+            with clock.stage("detokenize"):
+                seq.record_token(token, clock.last)
+                stop = self.check_stop(seq)
+                if stop is not None:
+                    reason, stop_reason = stop
+                    finish(seq, FinishReason(reason), stop_reason, clock.last)
+                    self.running = None
+            self.record_step(clock.start, clock.last, clock.times, num_seqs=1, num_computed_tokens=num_computed,
+                             num_new_tokens=1, num_prefill_tokens=0, is_prefill=is_prefill)
+            return [seq]

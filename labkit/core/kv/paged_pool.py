@@ -12,10 +12,19 @@ import torch
 from labkit.core.model.config import ModelConfig
 
 
+def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of K and V one token leaves in the cache, over all layers. Notebook 03's KV calculator.
+
+    2 (K and V) x layers x kv_heads x head_dim x dtype_bytes. Grouped-query attention divides it by
+    num_attention_heads / num_key_value_heads compared with giving every query head its own K/V. The one copy of
+    the formula: the engine sizes its pool with it (``kv_block_bytes``), and ``labkit.measure.roofline`` re-exports it.
+    """
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_bytes
+
+
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of one block across all layers: K and V, every layer, every KV head."""
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
-    return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+    return kv_bytes_per_token(config, torch.empty((), dtype=dtype).element_size()) * block_size
 
 
 class PagedKVPool:

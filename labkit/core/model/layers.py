@@ -34,7 +34,10 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Per-pair rotation frequencies theta^(-2i/d), with Llama 3's long-context scaling if configured."""
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # (d/2,)
+    # On the CPU whatever the default device: a model is built on the meta device (loader.py), where this arithmetic
+    # would import torch's compiler stack; the module is moved, and its buffer recomputed, afterwards.
+    positions = torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float()
+    inv_freq = 1.0 / (config.rope_theta ** (positions / d))  # (d/2,)
     s = config.rope_scaling
     if s is None:
         return inv_freq

@@ -6,21 +6,41 @@ Loading never unpickles anything and never runs code from the checkpoint: only `
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from labkit.core.model.config import ModelConfig
 from labkit.core.model.decoder import CausalLM
 from labkit.core.model.layers import RotaryEmbedding
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# torch.nn.init functions nn.Linear and nn.Embedding call when built (skipped_init)
+INITIALISERS = ("normal_", "uniform_", "kaiming_uniform_", "ones_", "zeros_", "trunc_normal_", "xavier_uniform_",
+                "constant_")
+
+
+@contextmanager
+def skipped_init() -> Iterator[None]:
+    """Layers built inside keep their (meta) tensors uninitialised: every weight is loaded or drawn afterwards. An
+    initialiser on the meta device would also import torch's compiler stack (torch._dynamo, triton: over a second)."""
+    saved = {name: getattr(nn.init, name) for name in INITIALISERS}
+    try:
+        for name in INITIALISERS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, init in saved.items():
+            setattr(nn.init, name, init)
 
 
 def _materialise(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
     # Build on the meta device so a 1B-parameter model is not initialised twice on the CPU.
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_init():
         model = CausalLM(config)
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty breaks the tie; restore it

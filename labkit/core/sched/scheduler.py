@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections import deque
 
 from labkit.core.kv.block_manager import BlockManager
-from labkit.core.sched.output import SchedulerOutput
+from labkit.core.sched.output import ModelRunnerOutput, SchedulerOutput
+from labkit.core.sched.stop import append_token
 from labkit.core.sequence import Sequence, SequenceStatus
 
 
@@ -81,6 +82,22 @@ class Scheduler:
                 "raise max_num_batched_tokens or use engine 'chunked'"
             )
 
+    # ---- parallel sampling (n > 1): when a sample may share its parent's prompt blocks ----
+
+    @staticmethod
+    def can_fork(seq: Sequence) -> bool:
+        """A parallel sample may share its parent's blocks once the parent's prompt K/V are computed
+        (all but the last prompt token, which each sample computes itself to draw its own first token)."""
+        p = seq.parent
+        return (p is not None and not seq.block_table and bool(p.block_table)
+                and p.num_computed_tokens >= seq.num_prompt_tokens - 1)
+
+    @classmethod
+    def waits_for_parent(cls, seq: Sequence) -> bool:
+        """The parent is in the engine but has not computed its prompt yet: forking later saves its prefill."""
+        p = seq.parent
+        return p is not None and not seq.block_table and not p.is_finished and not cls.can_fork(seq)
+
     # ---- the policy ----
 
     def schedule(self, now: float) -> SchedulerOutput:
@@ -127,13 +144,13 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             # A parallel sample shares its parent's prompt blocks and computes only the prompt's last token.
-            if seq.can_fork and seq.parent is not None and bm.num_free_blocks >= 1:
+            if self.can_fork(seq) and seq.parent is not None and bm.num_free_blocks >= 1:
                 self.waiting.popleft()
                 bm.fork(seq.parent, seq, seq.num_prompt_tokens - 1)
                 self.admit(seq, 1, bm.allocate(seq, 1), out, now)
                 budget -= 1
                 continue
-            if seq.waits_for_parent and seq.parent in self.running:
+            if self.waits_for_parent(seq) and seq.parent in self.running:
                 break  # its parent is being prefilled this step; share its blocks next step
             cached = bm.lookup_prefix(seq)
             n = self.num_tokens_to_schedule(seq.num_tokens - len(cached) * bm.block_size, budget)
@@ -187,3 +204,40 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    # ---- after the forward pass ----
+
+    def update_from_output(self, out: SchedulerOutput, output: ModelRunnerOutput, now: float) -> list[Sequence]:
+        """Take a step's sampled tokens back (vLLM's ``update_from_output``): every scheduled sequence moves on by the
+        tokens it computed (rejected proposals excepted), each sampling sequence gets its tokens (the stop rule sees
+        each one, so a stop mid-way drops the rest), and finished sequences leave and give their blocks back.
+        Returns the sequences that received a token."""
+        bm = self.block_manager
+        sampled = {id(seq): tokens for seq, tokens in zip(output.seqs, output.sampled_token_ids)}
+        if not out.computed_at_launch:  # async scheduling counted them when the step was launched
+            for seq, n in zip(out.seqs, out.num_new_tokens):
+                if seq.spec_token_ids:  # speculative decoding: rejected proposals do not count as computed
+                    num_accepted = len(sampled.get(id(seq), [0])) - 1
+                    seq.num_computed_tokens += n - (len(seq.spec_token_ids) - num_accepted)
+                    seq.spec_token_ids = []
+                    bm.trim(seq)  # blocks that held only rejected proposals go back to the pool
+                else:
+                    seq.num_computed_tokens += n
+                bm.cache_full_blocks(seq)
+        stepped = []
+        for seq, tokens in zip(output.seqs, output.sampled_token_ids):
+            seq.num_pending_tokens = 0
+            if seq.is_finished:  # aborted while its (launched) step ran: the tokens are dropped
+                tokens.clear()
+                continue
+            for i, token in enumerate(tokens):
+                if append_token(seq, token, now):
+                    del tokens[i + 1 :]  # the output keeps only the tokens the request received
+                    break
+            stepped.append(seq)
+        for seq in out.seqs:
+            if seq.is_finished:
+                self.finish_request(seq)
+            elif out.computed_at_launch:  # blocks enter the prefix cache once their token ids are known
+                bm.cache_full_blocks(seq)
+        return stepped

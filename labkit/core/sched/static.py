@@ -50,9 +50,9 @@ class StaticScheduler(Scheduler):
         for seq in list(self.running):  # admission order: the newest rows are the first to give way
             if seq not in self.running:
                 continue  # preempted a moment ago to make room for an older row
-            if seq.can_fork and seq.parent is not None:
+            if self.can_fork(seq) and seq.parent is not None:
                 bm.fork(seq.parent, seq, seq.num_prompt_tokens - 1)
-            elif seq.waits_for_parent:
+            elif self.waits_for_parent(seq):
                 continue  # its parent's prompt is still being computed
             self.reserve(seq, seq.num_tokens - seq.num_computed_tokens, out)
         out.num_idle_slots = len(self.batch) - len(out.seqs)
@@ -63,7 +63,7 @@ class StaticScheduler(Scheduler):
         bm = self.block_manager
         while self.waiting and len(self.batch) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.waits_for_parent and seq.parent in self.batch:
+            if self.waits_for_parent(seq) and seq.parent in self.batch:
                 # A parallel sample joins its parent's batch without blocks; it forks once the parent's
                 # prompt is computed (see schedule).
                 self.waiting.popleft()

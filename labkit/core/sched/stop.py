@@ -1,19 +1,15 @@
-"""The stop rule: once a request has its newest token, is it done, and why (vLLM's ``check_stop``).
+"""The stop rule and finishing: once a request has its newest token, is it done, and why (vLLM's ``check_stop``).
 
-Every engine applies it through ``Sequence.append_token``; the naive engine calls it from its overridable
-``NaiveEngine.check_stop``, the method notebook 02's Task 3 replaces. Stop strings are matched on the text by the
-detokenizer, because a string can span several tokens (or end inside one); the rule only reads what it found.
-Introduced in notebook 02 (``02_naive_generation``).
+The scheduler applies it in ``Scheduler.update_from_output`` (and engines ``naive`` and ``kvcache`` through
+``append_token``); the naive engine calls it from its overridable ``NaiveEngine.check_stop``, the method notebook 02's
+Task 3 replaces. Stop strings are matched on the text by the detokenizer, because a string can span several tokens
+(or end inside one); the rule only reads what it found. The request itself (``Sequence``) is plain data: these
+functions decide and record when it is done. Introduced in notebook 02 (``02_naive_generation``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from labkit.core.sequence import FinishReason
-
-if TYPE_CHECKING:
-    from labkit.core.sequence import Sequence
+from labkit.core.sequence import FinishReason, Sequence, SequenceStatus
 
 # (finish reason, stop reason): the stop reason is the stop string or stop token id that ended the request, if any.
 StopDecision = tuple[FinishReason, str | int | None]
@@ -38,3 +34,32 @@ def check_stop(seq: Sequence) -> StopDecision | None:
     if seq.num_tokens >= seq.max_model_len:
         return FinishReason.LENGTH, None
     return None
+
+
+def append_token(seq: Sequence, token_id: int, now: float) -> bool:
+    """Record a sampled token and finish ``seq`` if the stop rule says so; True if it finished."""
+    seq.record_token(token_id, now)
+    stop = check_stop(seq)
+    if stop is not None:
+        finish(seq, *stop, now)
+    return stop is not None
+
+
+def finish(seq: Sequence, reason: FinishReason, stop_reason: str | int | None, now: float) -> None:
+    """Mark ``seq`` finished with ``reason``; ``stop_reason``: the stop string or token id that ended it, if any."""
+    seq.status = SequenceStatus.FINISHED
+    seq.finish_reason = reason
+    seq.stop_reason = stop_reason
+    seq.metrics.finished_time = now
+
+
+def abort(seq: Sequence, now: float) -> None:
+    """The caller dropped ``seq`` (``abort_request``, a closed stream, an interrupted cell)."""
+    finish(seq, FinishReason.ABORT, None, now)
+
+
+def fail(seq: Sequence, cause: BaseException, step: int, now: float) -> None:
+    """Finish ``seq`` with reason ERROR because engine step ``step`` raised ``cause`` while running it."""
+    seq.error = f"engine step {step} failed: {type(cause).__name__}: {cause}"
+    seq.error_cause = cause
+    finish(seq, FinishReason.ERROR, None, now)

@@ -17,11 +17,11 @@ import torch
 
 from labkit.core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from labkit.core.attention.decode import host_to_device
-from labkit.core.engine.sampler import draw
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.core.model import CausalLM
 from labkit.core.model.attention import AttentionBackend
+from labkit.core.sampler import draw
 from labkit.core.sched.output import SchedulerOutput
 from labkit.core.sequence import Sequence
 from labkit.core.spec_decode.proposer import DraftProposal, Proposer

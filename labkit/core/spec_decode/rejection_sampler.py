@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from labkit.core.attention.decode import host_to_device
-from labkit.core.engine.sampler import draw, filtered_probs
+from labkit.core.sampler import draw, filtered_probs
 from labkit.core.sampling_params import SamplingParams
 from labkit.core.sequence import Sequence
 
@@ -29,7 +29,7 @@ def one_hot(token_ids: list[int], vocab_size: int, like: torch.Tensor) -> torch.
 
 def probs_under_params(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(n, V) logits of one request -> (n, V) the distribution its sampling parameters draw from: a point mass on
-    the argmax for a greedy request; temperature, top-k and top-p applied as ``labkit.core.engine.sampler`` does."""
+    the argmax for a greedy request; temperature, top-k and top-p applied as ``labkit.core.sampler`` does."""
     if params.greedy:
         return one_hot(logits.argmax(-1).tolist(), logits.shape[-1], logits)
     n, vocab = logits.shape

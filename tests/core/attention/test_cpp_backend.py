@@ -25,8 +25,8 @@ from labkit.core.attention.cpp_decode import CppAttentionBackend
 from labkit.core.attention.decode import split_decode_attention, split_decode_blocks
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.core.model.config import ModelConfig
-from labkit.course.corpus import long_text
 from labkit.course.oracle import transformers_greedy
+from labkit.measure.corpus import long_text
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("triton")
+# labkit's Triton module first: on a machine without a GPU it chooses Triton's interpreter, which must happen
+# before triton itself is imported.
+pytest.importorskip("labkit.core.attention.triton_decode")
 
 from labkit import ATTENTION_BACKENDS, LLM, SamplingParams  # noqa: E402
 from labkit.core.attention import PagedAttentionMetadata, TorchAttentionBackend, resolve_attention_backend  # noqa: E402

@@ -16,7 +16,9 @@ import random
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
+# labkit's Triton module first: on a machine without a GPU it chooses Triton's interpreter, which must happen
+# before triton itself is imported.
+pytest.importorskip("labkit.core.attention.triton_decode")
 
 from labkit.core.attention.triton_decode import (  # noqa: E402
     default_num_splits,

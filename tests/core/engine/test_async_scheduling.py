@@ -114,11 +114,11 @@ def test_the_next_step_is_scheduled_while_the_device_runs(tiny: Path, monkeypatc
     counts = {"scheduled": 0, "at_launch": 0}
     overlapped = []
     real_execute, real_schedule = engine.runner.execute, engine.scheduler.schedule
-    real_advance = engine.runner.advance_launched
+    real_fill = engine.runner.fill_pending
 
-    def advance_launched(*args, **kwargs):  # type: ignore[no-untyped-def]  # the host, just before launching
+    def fill_pending(*args, **kwargs):  # type: ignore[no-untyped-def]  # the host, just before launching
         counts["at_launch"] = counts["scheduled"]
-        return real_advance(*args, **kwargs)
+        return real_fill(*args, **kwargs)
 
     def execute(*args, **kwargs):  # type: ignore[no-untyped-def]
         assert threading.current_thread() is not threading.main_thread()
@@ -136,7 +136,7 @@ def test_the_next_step_is_scheduled_while_the_device_runs(tiny: Path, monkeypatc
             cond.notify_all()
         return batch
 
-    monkeypatch.setattr(engine.runner, "advance_launched", advance_launched)
+    monkeypatch.setattr(engine.runner, "fill_pending", fill_pending)
     monkeypatch.setattr(engine.runner, "execute", execute)
     monkeypatch.setattr(engine.scheduler, "schedule", schedule)
     outs = llm.generate(PROMPTS[:2], [greedy(6), greedy(3)], use_tqdm=False)

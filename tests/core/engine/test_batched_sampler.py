@@ -1,4 +1,4 @@
-"""Sampling batched on the device (``labkit.core.engine.sampler.sample``): the same tokens as sampling each row on its
+"""Sampling batched on the device (``labkit.core.sampler.sample``): the same tokens as sampling each row on its
 own (``sample_row``, the readable reference of notebook 02), the same generator states afterwards, and one
 device -> host transfer per call (no ``.item()``, no ``torch.multinomial``, whose checks each wait for the device)."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from labkit.core.engine.sampler import draw, sample, sample_row
+from labkit.core.sampler import draw, sample, sample_row
 from labkit.core.sampling_params import SamplingParams
 
 

@@ -153,12 +153,12 @@ def test_capture_uses_thread_local_mode_and_one_pool(monkeypatch: pytest.MonkeyP
 def test_a_custom_attention_backend_is_never_bypassed_by_cuda_graphs() -> None:
     """Graphs replay labkit's own decode attention, so a learner's backend turns them off (and refuses them)."""
     from labkit.core.attention import TorchAttentionBackend
-    from labkit.core.engine.config import ContinuousConfig
+    from labkit.core.engine.config import PagedConfig
 
     class Mine(TorchAttentionBackend):
         pass
 
-    assert ContinuousConfig(max_model_len=64).use_cuda_graphs("cuda")
-    assert not ContinuousConfig(max_model_len=64, attention_backend=Mine).use_cuda_graphs("cuda")
+    assert PagedConfig(max_model_len=64).use_cuda_graphs("cuda")
+    assert not PagedConfig(max_model_len=64, attention_backend=Mine).use_cuda_graphs("cuda")
     with pytest.raises(ValueError, match="would bypass attention_backend"):
-        ContinuousConfig(max_model_len=64, attention_backend=Mine, enforce_eager=False).use_cuda_graphs("cuda")
+        PagedConfig(max_model_len=64, attention_backend=Mine, enforce_eager=False).use_cuda_graphs("cuda")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from labkit.core.engine import kv_sizing
-from labkit.core.engine.config import ContinuousConfig
+from labkit.core.engine.config import PagedConfig
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.kv.paged_pool import kv_block_bytes
 from labkit.core.model import PRESETS
@@ -53,8 +53,8 @@ class FakeModel:
         self.dtype = torch.bfloat16
 
 
-def config(**options: object) -> ContinuousConfig:
-    return ContinuousConfig(max_model_len=131072, max_num_seqs=256, **options)  # never capped on this card
+def config(**options: object) -> PagedConfig:
+    return PagedConfig(max_model_len=131072, max_num_seqs=256, **options)  # never capped on this card
 
 
 def test_seven_engines_in_a_row_get_equal_pools(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,7 +91,7 @@ def test_a_live_engine_is_never_overcommitted(monkeypatch: pytest.MonkeyPatch) -
 def test_the_pool_is_capped_by_what_the_sequences_can_use(monkeypatch: pytest.MonkeyPatch) -> None:
     card, model = FakeCard(), FakeModel()
     card.patch(monkeypatch)
-    small = ContinuousConfig(max_model_len=2048, max_num_seqs=16)
+    small = PagedConfig(max_model_len=2048, max_num_seqs=16)
     n = kv_sizing.pool_num_blocks(model, small, 512)  # type: ignore[arg-type]
     assert n == 16 * 2048 // 16
 

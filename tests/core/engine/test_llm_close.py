@@ -1,6 +1,6 @@
 """``LLM.close()`` and ``with LLM(...) as llm:``: the KV pool, CUDA graphs, the async worker thread and the weights
 are released, requests still running are aborted, and a closed LLM says so clearly (vLLM's LLM has no close;
-DESIGN.md section 3 asks for one so notebooks that build many engines give each one the whole device)."""
+labkit offers one so notebooks that build many engines give each one the whole device)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""One request path: every front end runs requests through ``LLMEngine``'s add -> step -> outputs loop.
+"""One request path: every front end runs requests through the engine's one add -> step loop (``Engine.run``).
 
 ``LLM.generate``, ``LLM.stream``, ``trace_request``, the profiler's ``drive`` and ``AsyncLLM`` must all step
-the engine through ``LLMEngine.step`` and agree token for token; leaving the loop by an exception must
+the engine through ``llm.engine.step`` and agree token for token; leaving the loop by an exception must
 leave no request (and no KV block) behind. float64 so scheduling never changes a token.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from conftest import assert_memory_returned
 
 from labkit import LLM, SamplingParams
-from labkit.core.engine.llm_engine import LLMEngine
+from labkit.core.engine.base import Engine, StepFailedError
 from labkit.core.sequence import Sequence
 from labkit.measure.loadgen.runner import run_sync
 from labkit.measure.profiling import drive
@@ -35,15 +35,15 @@ def llm() -> LLM:
 
 @pytest.fixture
 def steps(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Counts calls of ``llm.llm_engine.step``: a front end that stepped the engine itself would not show up."""
+    """Counts calls of ``llm.engine.step``: a front end with a loop of its own would not show up."""
     calls: list[int] = []
-    real = llm.llm_engine.step
+    real = llm.engine.step
 
     def counted() -> list[Sequence]:
         calls.append(1)
         return real()
 
-    monkeypatch.setattr(llm.llm_engine, "step", counted)
+    monkeypatch.setattr(llm.engine, "step", counted)
     yield calls
     assert_memory_returned([llm])
 
@@ -52,7 +52,7 @@ def test_every_front_end_runs_the_one_loop_and_agrees(llm: LLM, steps: list[int]
     outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     want = [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
     assert [w[2] for w in want] == ["length", "stop"]
-    assert steps, "generate did not step through LLMEngine"
+    assert steps, "generate did not step the engine"
 
     for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS)):
         steps.clear()
@@ -73,7 +73,7 @@ def test_every_front_end_runs_the_one_loop_and_agrees(llm: LLM, steps: list[int]
             assert got == want[i], f"AsyncLLM, prompt {i}"
     finally:
         async_llm.shutdown()
-    assert steps, "AsyncLLM's engine thread did not step through LLMEngine"
+    assert steps, "AsyncLLM's engine thread did not step the engine"
 
 
 async def collect(async_llm: AsyncLLM, prompt: str, params: SamplingParams) -> list[TokenDelta]:
@@ -94,7 +94,7 @@ def _raise_on_call(n: int, error: BaseException) -> Callable[[], None]:
 @pytest.mark.parametrize("error", [RuntimeError("driver bug"), KeyboardInterrupt()])
 def test_an_exception_mid_loop_leaves_no_request_behind(llm: LLM, steps: list[int], error: BaseException) -> None:
     groups = llm.input_processor.make_sequences(PROMPTS, [LONG] * 2)
-    with pytest.raises(type(error)), closing(llm.llm_engine.run(groups, before_step=_raise_on_call(3, error))) as run:
+    with pytest.raises(type(error)), closing(llm.engine.run(groups, before_step=_raise_on_call(3, error))) as run:
         for _ in run:
             pass
     assert not llm.engine.has_unfinished_requests() and all(s.finish_reason.value == "abort" for g in groups for s in g)
@@ -125,26 +125,28 @@ def test_an_uncontained_engine_error_aborts_the_call(llm: LLM, monkeypatch: pyte
 def test_closing_the_loop_before_an_arrival_never_queues_it(llm: LLM) -> None:
     groups = llm.input_processor.make_sequences(PROMPTS, [LONG] * 2)
     start = time.perf_counter()
-    with closing(llm.llm_engine.run(groups, arrival_times=[0.0, 60.0], start=start)) as run:
+    with closing(llm.engine.run(groups, arrival_times=[0.0, 60.0], start=start)) as run:
         next(run)  # the first request is running; the second arrives in a minute
         assert llm.engine.unfinished_seq_ids() == [groups[0][0].seq_id]
     assert not llm.engine.has_unfinished_requests() and groups[0][0].finish_reason.value == "abort"
     assert groups[1][0].status.value == "waiting" and not groups[1][0].output_token_ids  # it never joined
-    assert isinstance(llm.llm_engine, LLMEngine)
+    assert isinstance(llm.engine, Engine) and not hasattr(llm, "llm_engine")  # LLM holds one engine
 
 
 def test_a_step_that_fails_after_finishing_a_request_still_reports_it(llm: LLM,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A fault after a sequence got its last token (here: recording the step's statistics) fails the others,
-    but the finished one comes back from ``step`` too, complete: a stream waiting for it must not hang."""
-    done_now = llm.llm_engine.add_request(PROMPTS[0], SamplingParams(max_tokens=1, temperature=0.0))[0]
-    still_running = llm.llm_engine.add_request(PROMPTS[1], LONG)[0]
+    but the finished one comes back with the error too, complete: a stream waiting for it must not hang."""
+    done_now = llm.add_request(PROMPTS[0], SamplingParams(max_tokens=1, temperature=0.0))[0]
+    still_running = llm.add_request(PROMPTS[1], LONG)[0]
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("statistics bug")
 
     monkeypatch.setattr(llm.engine, "record_step", broken)
-    stepped = llm.llm_engine.step()
+    with pytest.raises(StepFailedError, match="statistics bug") as info:
+        llm.engine.step()
+    stepped = info.value.failed + info.value.finished
     assert done_now in stepped and done_now.finish_reason is not None
     assert done_now.finish_reason.value == "length" and done_now.num_output_tokens == 1
     assert still_running in stepped and still_running.finish_reason.value == "error"

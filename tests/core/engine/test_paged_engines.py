@@ -9,7 +9,7 @@ import pytest
 from conftest import RANDOM_KINDS, hf_greedy
 
 from labkit import ENGINES, LLM, SamplingParams
-from labkit.course.corpus import long_text, story_prompts
+from labkit.measure.corpus import long_text, story_prompts
 
 PAGED_ENGINES = ["paged", "continuous", "chunked"]
 
@@ -78,6 +78,7 @@ def float64_reference(bundled_path):  # type: ignore[no-untyped-def]
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_scheduling_never_changes_outputs_float64(bundled_path, float64_reference, seed: int) -> None:
     """Randomised workloads, engines and options, exact dtype: outputs must equal the naive engine's."""
@@ -99,6 +100,7 @@ def test_scheduling_never_changes_outputs_float64(bundled_path, float64_referenc
         assert_all_blocks_free(llm)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", PAGED_ENGINES)
 def test_small_pool_completes_every_request_through_preemption(bundled_path, engine: str) -> None:
     prompts = story_prompts(8, seed=5)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from labkit.core.engine.sampler import apply_top_k, apply_top_p, sample, sample_row
+from labkit.core.sampler import apply_top_k, apply_top_p, sample, sample_row
 from labkit.core.sampling_params import SamplingParams
 
 PROBS = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03])

@@ -20,7 +20,9 @@ Here the device's part of a step (``ModelRunner.execute``) runs on one worker th
 thread launches kernels while the host's Python goes on. On a CPU both threads share the cores and
 Python's GIL: ``docs/benchmarks/host_overhead.md`` measured async scheduling taking 1.19x (batch 1) and 1.06x
 (batch 32) the synchronous wall time per decode step there. Its payoff needs a device that runs on its own.
-Introduced in notebook 10 (``10_profiling_host_overhead``).
+It is a subclass of ``EngineCore`` that
+overrides ``step`` alone; ``LLM(..., async_scheduling=True)`` builds it. Introduced in notebook 10
+(``10_profiling_host_overhead``).
 """
 
 from __future__ import annotations
@@ -29,18 +31,18 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from labkit.core.engine.config import EngineConfig
-from labkit.core.engine.core import EngineCore
+from labkit.core.engine.config import PagedConfig
+from labkit.core.engine.engine_core import EngineCore
 from labkit.core.engine.model_runner import StepInputs
 from labkit.core.engine.step import StageClock
 from labkit.core.model import CausalLM
-from labkit.core.sched.output import SchedulerOutput
+from labkit.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from labkit.core.sequence import Sequence
 
 
 @dataclass
 class InFlightStep:
-    """A launched step whose tokens the host has not seen yet."""
+    """A launched step whose tokens the host has not seen yet. Notebook 10."""
 
     out: SchedulerOutput
     inputs: StepInputs
@@ -53,52 +55,55 @@ class InFlightStep:
 
 
 class AsyncEngineCore(EngineCore):
-    """An engine core that, with ``async_scheduling=True``, overlaps planning with the device's work. Notebook 10."""
+    """The engine loop that plans step N+1 while the device runs step N (``async_scheduling=True``). Notebook 10."""
 
-    supports_async_scheduling = True
-
-    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
+    def __init__(self, model: CausalLM, config: PagedConfig) -> None:
         super().__init__(model, config)
         self._in_flight: InFlightStep | None = None
         self._executor: ThreadPoolExecutor | None = None
 
     @property
     def async_scheduling(self) -> bool:
-        return self.config.async_scheduling
+        return True
 
     def has_unfinished_requests(self) -> bool:
         return super().has_unfinished_requests() or self._in_flight is not None
 
-    def _step(self) -> list[Sequence]:
-        if not self.config.async_scheduling:
-            return super()._step()
-        clock = StageClock(self.device, sync=False)  # never wait for the device here
-        prev = self._in_flight
-        with clock.stage("schedule"):
-            self.scheduler.in_flight = {id(s) for s in prev.out.seqs} if prev is not None else set()
-            out = self.scheduler.schedule(clock.start)
-        inputs = None
-        if out.seqs:
-            with clock.stage("prepare"):
-                inputs = self.runner.prepare_step(out)
-        host_times = dict(clock.times)
-        if not out.seqs and prev is None:
-            self.check_progress()
-        done = self._resolve(prev, clock) if prev is not None else []
-        if out.seqs:
-            if any(s.is_finished for s in out.seqs):  # stopped on its pending token, or aborted meanwhile
-                out = out.without_finished()
-                inputs = self.runner.prepare_step(out) if out.seqs else None
-            if inputs is not None:
-                self._launch(out, inputs, clock.start, host_times)
-        self.num_preemptions = self.scheduler.num_preemptions
-        return done
+    def step(self) -> list[Sequence]:
+        """Schedule and prepare step N+1, take step N's tokens (``update_from_output``), then launch step N+1."""
+        with self.step_context():
+            clock = StageClock(self.device, sync=False)  # never wait for the device here
+            prev = self._in_flight
+            with clock.stage("schedule"):
+                self.scheduler.in_flight = {id(s) for s in prev.out.seqs} if prev is not None else set()
+                out = self.scheduler.schedule(clock.start)
+            inputs = None
+            if out.seqs:
+                with clock.stage("prepare"):
+                    inputs = self.runner.prepare_step(out)
+            host_times = dict(clock.times)
+            if not out.seqs and prev is None:
+                self.check_progress()
+            done = self._resolve(prev, clock) if prev is not None else []
+            if out.seqs:
+                if any(s.is_finished for s in out.seqs):  # stopped on its pending token, or aborted meanwhile
+                    out = out.without_finished()
+                    inputs = self.runner.prepare_step(out) if out.seqs else None
+                if inputs is not None:
+                    self._launch(out, inputs, clock.start, host_times)
+            return done
 
     def _launch(self, out: SchedulerOutput, inputs: StepInputs, start: float, host_times: dict[str, float]) -> None:
+        """Count the step's tokens as computed and its samples as pending (so the next step can be planned before
+        the device finishes), then run it on the worker thread."""
         self._before_forward(out.seqs)  # the sequences a fault now fails
         self.runner.fill_pending(inputs)
         num_prefill = out.num_prefill_tokens
-        self.runner.advance_launched(out, inputs)
+        for seq, n in zip(out.seqs, out.num_new_tokens):
+            seq.num_computed_tokens += n
+        for seq in inputs.samplers:
+            seq.num_pending_tokens = 1
+        out.computed_at_launch = True  # update_from_output must not count them again
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labkit-device")
         worker_clock = StageClock(self.device)
@@ -113,23 +118,10 @@ class AsyncEngineCore(EngineCore):
         with clock.stage("wait"):
             tokens = step.future.result()  # re-raises what the worker raised
         with clock.stage("detokenize"):
-            for seq in step.inputs.samplers:
-                seq.num_pending_tokens = 0
-            done = []
-            for seq, token in zip(step.inputs.samplers, tokens):
-                if seq.is_finished:  # aborted while its step ran: the token is dropped
-                    continue
-                seq.append_token(token, clock.last)
-                done.append(seq)
-            for seq in step.out.seqs:
-                if not seq.is_finished:
-                    self.block_manager.cache_full_blocks(seq)
-            for seq in done:
-                if seq.is_finished:
-                    self.scheduler.finish_request(seq)
+            output = ModelRunnerOutput(list(step.inputs.samplers), [[t] for t in tokens])
+            done = self.scheduler.update_from_output(step.out, output, clock.last)
         times = {**step.host_times, **step.worker_clock.times, "wait": clock.times.get("wait", 0.0),
                  "detokenize": clock.times.get("detokenize", 0.0)}
-        self.num_preemptions = self.scheduler.num_preemptions
         self.record_step(step.start, time.perf_counter(), times, num_seqs=len(step.out),
                          num_computed_tokens=step.out.num_batched_tokens, num_new_tokens=len(done),
                          num_prefill_tokens=step.num_prefill_tokens, kv_blocks_used=step.kv_blocks_used)
