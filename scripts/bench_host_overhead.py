@@ -24,40 +24,33 @@ batches of 1 and 32 requests (prompts of 16 tokens, every request decoding to ``
    that is where CUDA graphs show (a ~1B model in bf16: ``--mbu-preset llama3.2-1b --dtype bfloat16``).
 
 Configurations alternate round by round so that a burst of load from other programs hits them alike; every
-figure is a median. Benchmarks are scripts, not tests (DESIGN.md section 6). Notebook 10 explains the terms.
+figure is a median. Benchmarks are scripts, not timed tests: compare side by side in one run, report ratios, name
+the hardware. Notebook 10 explains the terms; the parts live in ``labkit.measure.benchmarks.host_overhead`` and
+``labkit.measure.benchmarks.host_overhead_report``.
 """
 
 from __future__ import annotations
 
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from bench_common import OtherLoad, bench_parser, finish_report, start_bench  # noqa: E402  (scripts/ is on sys.path)
-from benchlib.host_overhead_measure import (  # noqa: E402
+from labkit.core.model.source import bundled_model_path
+from labkit.measure.benchmarks.cli import REPO_ROOT, bench_parser, start_bench
+from labkit.measure.benchmarks.host_overhead import (
     FULL,
     SMOKE,
-    Samples,
+    chunked_engines,
     configurations,
-    hf_per_step,
-    measure_engine,
+    measure_cells,
     measure_mbu,
 )
-from benchlib.host_overhead_report import report  # noqa: E402
+from labkit.measure.benchmarks.host_overhead_report import report
+from labkit.measure.benchmarks.report import finish_report
+from labkit.measure.hardware import probe
+from labkit.measure.load import OtherLoad
 
-from labkit import LLM, SamplingParams  # noqa: E402
-from labkit.core.model.source import bundled_model_path  # noqa: E402
-from labkit.course.workloads import prompt_ids_of_length  # noqa: E402
-from labkit.measure.hardware import probe  # noqa: E402
-
-DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "host_overhead.md"
+DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks" / "host_overhead.md"
 
 
 def main() -> int:
@@ -67,30 +60,16 @@ def main() -> int:
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
     bench = start_bench(args, "bench_host_overhead.py", DEFAULT_OUT)
-    out, command, device, dtype, hw, t0 = bench.out, bench.command, bench.device, bench.dtype, bench.hw, bench.t0
+    device, dtype = bench.device, bench.dtype
+    assert dtype is not None  # bench_parser gave it --dtype
     other_load = OtherLoad()
 
     configs = configurations(device)
-    llms = {label: LLM("labkit-tiny", engine="chunked", device=device, dtype=dtype, max_num_seqs=max(sizes.batches),
-                       **options)  # type: ignore[arg-type]
-            for label, options in configs.items()}
-    tokenizer = next(iter(llms.values())).tokenizer
-    prompts = [prompt_ids_of_length(tokenizer, sizes.prompt_len, seed=i) for i in range(max(sizes.batches))]
-    params = SamplingParams(max_tokens=sizes.max_tokens, temperature=0.0, ignore_eos=True)
-    for llm in llms.values():  # warm-up: first calls allocate, pick kernels, capture graphs
-        llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
-
-    from transformers import AutoModelForCausalLM
+    llms, prompts = chunked_engines(configs, device, dtype, sizes)
+    from transformers import AutoModelForCausalLM  # late: the slowest import, and only this comparison needs it
     hf_model = AutoModelForCausalLM.from_pretrained(bundled_model_path(), dtype=dtype).to(device).eval()
-    hf: dict[int, list[float]] = {b: [] for b in sizes.batches}
-    cells = {(label, b): Samples() for label in configs for b in sizes.batches}
     with tempfile.TemporaryDirectory(prefix="bench-host-") as logdir:
-        for _ in tqdm(range(sizes.rounds), desc="rounds"):
-            for b in sizes.batches:
-                for label, llm in llms.items():
-                    measure_engine(llm, prompts[:b], params, cells[(label, b)], Path(logdir))
-                ids = torch.tensor(prompts[:b], device=device)  # equal lengths: no padding needed
-                hf[b].append(hf_per_step(hf_model, ids, sizes.hf_tokens, rounds=1))
+        cells, hf = measure_cells(llms, hf_model, prompts, sizes, device, Path(logdir))
     del llms, hf_model
 
     mbu_rows, roof = None, None
@@ -99,9 +78,9 @@ def main() -> int:
         mbu_rows = measure_mbu(args.mbu_preset, device, dtype, configs, sizes, roof)
 
     load = other_load.fraction()
-    text = report(command, hw, sizes, dtype, cells, {b: statistics.median(v) for b, v in hf.items()}, mbu_rows,
-                  args.mbu_preset, roof, time.perf_counter() - t0, load)
-    finish_report(text, out, load)
+    text = report(bench.command, bench.hw, sizes, dtype, cells, hf, mbu_rows, args.mbu_preset, roof,
+                  time.perf_counter() - bench.t0, load)
+    finish_report(text, bench.out, load)
     return 0
 
 

@@ -25,37 +25,36 @@ A full run writes docs/benchmarks/kvcache.md (a smoke run writes a file only whe
    and with ``F.linear`` everywhere ("torch"), in interleaved rounds, each split into linear layers, attention
    and everything else. Goal (issue #24): the whole step at >= 0.80 of the plain GEMV roof.
 
-Benchmarks are scripts, not tests (DESIGN.md §6): compare side by side in one run, report ratios, name the
-hardware. Timings synchronise the device before reading the clock (``StageClock``, ``time_fn``).
+Benchmarks are scripts, not timed tests: compare side by side in one run, report ratios, name the hardware.
+Timings synchronise the device before reading the clock (``StageClock``, ``labkit.measure.timing``). The parts live
+in ``labkit.measure.benchmarks.kvcache`` and ``labkit.measure.benchmarks.kvcache_report``.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from bench_common import OtherLoad, bench_parser, finish_report, start_bench  # noqa: E402  (scripts/ is on sys.path)
-from benchlib.kvcache_measure import (  # noqa: E402
+from labkit.measure.benchmarks.cli import REPO_ROOT, bench_parser, start_bench
+from labkit.measure.benchmarks.kvcache import (
     FULL,
     SMOKE,
-    decode_steps,
     measure_breakdown,
     measure_decode_points,
     measure_generation,
     measure_mbu,
     measure_roof_rounds,
+    naive_and_kvcache,
+    preset_llm,
 )
-from benchlib.kvcache_report import report  # noqa: E402
+from labkit.measure.benchmarks.kvcache_report import report
+from labkit.measure.benchmarks.report import finish_report
+from labkit.measure.decode_roof import measure_gemv_roof
+from labkit.measure.hardware import probe
+from labkit.measure.load import OtherLoad
 
-from labkit import LLM  # noqa: E402
-from labkit.course.workloads import prompt_ids_of_length  # noqa: E402
-from labkit.measure.decode_roof import measure_gemv_roof  # noqa: E402
-from labkit.measure.hardware import probe  # noqa: E402
-
-DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "kvcache.md"
+DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks" / "kvcache.md"
+MODEL = "labkit-tiny"  # parts 1 and 2
 
 
 def main() -> int:
@@ -64,7 +63,8 @@ def main() -> int:
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
     bench = start_bench(args, "bench_kvcache.py", DEFAULT_OUT)
-    out, command, device, dtype, hw, t0 = bench.out, bench.command, bench.device, bench.dtype, bench.hw, bench.t0
+    device, dtype = bench.device, bench.dtype
+    assert dtype is not None  # bench_parser gave it --dtype
 
     other_load = OtherLoad()
     roof = probe(device, dtype, smoke=args.smoke)
@@ -72,28 +72,20 @@ def main() -> int:
     gemv = measure_gemv_roof(device, dtype, nbytes=sizes.gemv_bytes)
     print(gemv.summary())
 
-    max_len = max(sizes.contexts) + sizes.decode_steps + 2
-    model_name = "labkit-tiny"
-    llms = {name: LLM(model_name, engine=name, device=device, dtype=dtype,
-                      max_model_len=max(max_len, sizes.gen_prompt_len + sizes.gen_tokens))
-            for name in ("naive", "kvcache")}
-    for llm in llms.values():  # warm-up: first calls allocate and pick kernels
-        decode_steps(llm, prompt_ids_of_length(llm.tokenizer, 32, seed=0), 4)
+    llms = naive_and_kvcache(MODEL, device, dtype, sizes)
     points = measure_decode_points(llms, sizes.contexts, sizes.decode_steps)
     runs = measure_generation(llms, sizes.gen_prompt_len, sizes.gen_tokens)
     del llms
 
-    big = LLM(args.preset, engine="kvcache", device=device, dtype=dtype,
-              max_model_len=sizes.mbu_context + sizes.mbu_steps + 2)
-    decode_steps(big, prompt_ids_of_length(big.tokenizer, 16, seed=0), 3)  # warm-up
+    big = preset_llm(args.preset, device, dtype, sizes)
     res = measure_mbu(big, args.preset, sizes.mbu_context, sizes.mbu_steps)
     bd = measure_breakdown(big.model, sizes.mbu_context, sizes.profile_steps)
     roof_rounds = measure_roof_rounds(big, gemv, sizes.mbu_context, sizes.mbu_steps, sizes.roof_rounds)
 
     load = other_load.fraction()
-    text = report(command, hw, roof, sizes, model_name, points, runs, res, bd, roof_rounds, time.perf_counter() - t0,
-                  load)
-    finish_report(text, out, load)
+    text = report(bench.command, bench.hw, roof, sizes, MODEL, points, runs, res, bd, roof_rounds,
+                  time.perf_counter() - bench.t0, load)
+    finish_report(text, bench.out, load)
     return 0
 
 

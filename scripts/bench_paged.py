@@ -24,47 +24,38 @@ A full run writes docs/benchmarks/paged.md and two figures beside it (a smoke ru
    is found), caching on and off alternating; throughput ratio (goal: <= 1% lower), and the time the
    block manager spends hashing and looking up blocks, which is steadier than a throughput difference.
 
-Benchmarks are scripts, not tests (DESIGN.md §6): compare side by side in one run, report ratios, name the
-hardware.
+Benchmarks are scripts, not timed tests: compare side by side in one run, report ratios, name the hardware. The
+parts live in ``labkit.measure.benchmarks.paged`` and ``labkit.measure.benchmarks.paged_report``.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # a script: draw to files
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from bench_common import (  # noqa: E402  (scripts/ is on sys.path)
-    OtherLoad,
-    bench_parser,
-    finish_report,
-    start_bench,
-)
-from benchlib.paged_measure import (  # noqa: E402
+from labkit.measure.benchmarks.cli import REPO_ROOT, bench_parser, start_bench  # noqa: E402
+from labkit.measure.benchmarks.paged import (  # noqa: E402
     FULL,
-    MAX_MODEL_LEN,
     MODEL,
     SMOKE,
     WASTE_WORKLOAD,
+    concurrency_table,
+    kv_bytes_per_token_of,
     measure_cost,
     measure_engine_run,
     measure_prefix_caching,
     waste_table,
 )
-from benchlib.paged_report import draw_figures, report  # noqa: E402
+from labkit.measure.benchmarks.paged_report import draw_figures, report  # noqa: E402
+from labkit.measure.benchmarks.report import finish_report  # noqa: E402
+from labkit.measure.load import OtherLoad  # noqa: E402
+from labkit.measure.workloads import load_workload  # noqa: E402
 
-from labkit.core.model.source import resolve_model_source  # noqa: E402
-from labkit.course.workloads import load_workload  # noqa: E402
-from labkit.measure.kv_memory import max_concurrent_seqs  # noqa: E402
-from labkit.measure.roofline import kv_bytes_per_token  # noqa: E402
-
-DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "paged.md"
+DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks" / "paged.md"
 
 
 def main() -> int:
@@ -72,13 +63,13 @@ def main() -> int:
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
     bench = start_bench(args, "bench_paged.py", DEFAULT_OUT)
-    out, command, device, dtype, hw, t0 = bench.out, bench.command, bench.device, bench.dtype, bench.hw, bench.t0
+    out, device, dtype = bench.out, bench.device, bench.dtype
+    assert dtype is not None  # bench_parser gave it --dtype
     other_load = OtherLoad()
 
     wl = load_workload(WASTE_WORKLOAD)
     layouts, life, peak = waste_table(wl)
-    budgets = [k * MAX_MODEL_LEN for k in (1, 2, 4, 8, 16, 32)]
-    fits = {name: [max_concurrent_seqs(wl.requests, b, layout) for b in budgets] for name, layout in layouts.items()}
+    budgets, fits = concurrency_table(wl, layouts)
     for name, u in life.items():
         print(f"  {name:<48} waste {u.waste_fraction:6.1%}")
 
@@ -90,11 +81,11 @@ def main() -> int:
     cost = measure_cost(device, dtype, sizes)
     print(f"  0% hit rate: throughput on/off {cost.ratio:.3f}")
 
-    bytes_per_token = kv_bytes_per_token(resolve_model_source(MODEL).config, dtype.itemsize)
+    bytes_per_token = kv_bytes_per_token_of(MODEL, dtype)
     out_dir = (out or DEFAULT_OUT).parent
     figures = draw_figures(out_dir, wl.name, life, fits, budgets, prefix, sizes) if out is not None else []
-    text = report(command, hw, sizes, wl, life, peak, budgets, fits, run, prefix, cost, bytes_per_token,
-                  figures, out_dir, time.perf_counter() - t0, other_load.fraction())
+    text = report(bench.command, bench.hw, sizes, wl, life, peak, budgets, fits, run, prefix, cost, bytes_per_token,
+                  figures, out_dir, time.perf_counter() - bench.t0, other_load.fraction())
     finish_report(text, out, other_load.fraction())
     if figures:
         print(f"wrote {', '.join(str(p) for p in figures)}")

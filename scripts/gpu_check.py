@@ -32,13 +32,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from a checkout, not installed
-from benchlib.attention_kernel import attention_kernel_markdown, attention_kernel_rows  # noqa: E402
+from labkit import ATTENTION_BACKENDS, LLM, SamplingParams
+from labkit.measure.benchmarks.attention_kernel import attention_kernel_markdown, attention_kernel_rows
+from labkit.measure.hardware import DeviceRoof, describe_device, probe
+from labkit.measure.roofline import decode_cost
 
-from labkit import ATTENTION_BACKENDS, LLM, SamplingParams  # noqa: E402
-from labkit.measure.hardware import DeviceRoof, describe_device, probe  # noqa: E402
-from labkit.measure.roofline import decode_cost  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 NOTEBOOKS = tuple(sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LABKIT_SMOKE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -19,6 +19,7 @@ import argparse
 import ast
 import inspect
 import json
+import pkgutil
 import re
 import sys
 import textwrap
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.course.tasks import TASKS, resolve
+from labkit.course.tasks import TASKS
 from labkit.course.tasks import Task as RegistryTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,10 +69,10 @@ class Task:
 
 
 def resolve_dotted(name: str) -> Any:
-    """``labkit.a.b.C.f`` -> the object (``labkit.course.tasks.resolve``), as an AnswerKeyError if it is missing."""
+    """``labkit.a.b.C.f`` -> the object (``pkgutil.resolve_name``), as an AnswerKeyError if it is missing."""
     try:
-        return resolve(name)
-    except ImportError as exc:
+        return pkgutil.resolve_name(name)
+    except (ImportError, AttributeError, ValueError) as exc:
         raise AnswerKeyError(str(exc)) from exc
 
 

@@ -6,8 +6,8 @@ Run from the repository root (seconds, no network, no model needed):
     python scripts/make_workloads.py --check    # exit 1 if a committed file differs from what this makes
 
 Every workload is seeded, so the files are reproducible; tests/course/test_workloads.py checks that the committed
-files match this script. Notebooks load them with ``labkit.course.workloads.load_workload(name)`` and turn lengths
-into token ids with ``labkit.course.workloads.materialise`` (introduced in notebook 05, ``05_static_batching``).
+files match this script. Notebooks load them with ``labkit.measure.workloads.load_workload(name)`` and turn lengths
+into token ids with ``labkit.measure.workloads.materialise`` (introduced in notebook 05, ``05_static_batching``).
 
 The workloads:
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout, not installed
-from labkit.course.workloads import WORKLOADS_DIR, Workload, lognormal_lengths, uniform_lengths  # noqa: E402
+from labkit.measure.workloads import WORKLOADS_DIR, Workload, lognormal_lengths, uniform_lengths  # noqa: E402
 
 # name -> how to build it; the file is data/workloads/<name>.jsonl
 WORKLOADS: dict[str, Callable[[], Workload]] = {

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,11 +33,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import cpu_jiffies, md_table  # noqa: E402
+from labkit.measure.benchmarks.report import md_table
+from labkit.measure.load import OtherLoad
+from labkit.measure.verdict import MARK, audit
 
-from labkit.measure.verdict import MARK, audit  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SPIN = "import time\nwhile True:\n    time.perf_counter()"  # the busy neighbour: one core, until killed
 # Executes argv[1] into argv[2] (written even when a cell fails) with a per-cell timeout of argv[3] seconds.
@@ -55,6 +56,14 @@ try:
 finally:
     nbformat.write(nb, dst)
 """
+
+
+def start_neighbour() -> int:
+    """Start the busy neighbour outside this process's tree (the shell starts it and exits, so init adopts it), as a
+    video call is unrelated to the notebook: the load meter counts this process's children as its own work. Its pid."""
+    out = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$SPIN" >/dev/null 2>&1 & echo $!'],
+                         env={**os.environ, "SPIN": SPIN}, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
 
 
 def printed_text(executed: Path) -> str:
@@ -99,24 +108,21 @@ def time_notebook(path: Path, smoke: bool, outdir: Path, timeout_s: int, busy: b
     env.pop("CI", None)  # CI=true would switch smoke mode on
     outdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-c", EXECUTE, str(path), str(outdir / f"{path.stem}.ipynb"), str(timeout_s)]
-    neighbour = subprocess.Popen([sys.executable, "-c", SPIN]) if busy else None
+    neighbour = start_neighbour() if busy else None
     try:
         load_before = os.getloadavg()[0]
-        machine0, children0 = cpu_jiffies(), os.times()
+        children0 = os.times()
+        load = OtherLoad()  # counts this process and its children as ours: the executing process and its kernel
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        machine1, children1 = cpu_jiffies(), os.times()
+        other: float | None = load.fraction()
+        children1 = os.times()
     finally:
         if neighbour is not None:
-            neighbour.kill()
-            neighbour.wait()
+            os.kill(neighbour, signal.SIGKILL)
     own = (children1.children_user + children1.children_system
            - children0.children_user - children0.children_system)  # the executing process and the kernel it reaped
-    other = None
-    if machine0 and machine1 and machine1[1] > machine0[1]:
-        others = machine1[0] - machine0[0] - own * os.sysconf("SC_CLK_TCK")  # busy jiffies not ours
-        other = max(0.0, others / (machine1[1] - machine0[1]))
     if proc.returncode:
         print(proc.stderr[-3000:], file=sys.stderr)
     executed = outdir / f"{path.stem}.ipynb"

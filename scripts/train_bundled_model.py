@@ -5,10 +5,10 @@ Run from the repository root (CPU only, no network):
     python scripts/train_bundled_model.py
 
 Expected run time: about 10-12 minutes on 2 CPU cores (the default, `--num-threads 2`). The corpus comes from
-labkit.course.corpus (seeded, offline), so the same command rebuilds the same model up to CPU floating-point
+labkit.measure.corpus (seeded, offline), so the same command rebuilds the same model up to CPU floating-point
 nondeterminism. Steps:
 
-1. generate stories, multi-story documents (the shape of labkit.course.corpus.long_text) and chat examples;
+1. generate stories, multi-story documents (the shape of labkit.measure.corpus.long_text) and chat examples;
 2. train a byte-level BPE tokenizer (vocab 2048) with bos/eos/pad and chat tokens, plus a Jinja chat template;
 3. train LlamaForCausalLM with AdamW, linear warmup and cosine decay: mostly on 256-token sequences, then a short
    phase on 1024-token sequences so that long prompts still continue sensibly;
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout, not installed
-from labkit.course import corpus  # noqa: E402
+from labkit.measure import corpus  # noqa: E402
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 CHAT_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]

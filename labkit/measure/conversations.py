@@ -14,7 +14,7 @@ caching can skip it, as long as its KV blocks were not evicted in between. Intro
         state.add_answer(turn, out.outputs[0].token_ids)      # the answer joins the history
 
 Lengths are in tokens; the generators are pure (same arguments, same workload); the files are written by
-``python -m labkit.course.conversations`` and checked against the generators by the tests.
+``python -m labkit.measure.conversations`` and checked against the generators by the tests.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from labkit.course.workloads import HEADER_KEY, WORKLOADS_DIR, prompt_ids_of_length
+from labkit.measure.workloads import HEADER_KEY, WORKLOADS_DIR, prompt_ids_of_length
 
 CONVERSATIONS_DIR = WORKLOADS_DIR / "conversations"
 KINDS = ("chat", "agent")
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"wrote {wl.to_jsonl(path)}: {wl.summary()}")
     if stale:
-        print(f"out of date: {', '.join(stale)}; run python -m labkit.course.conversations", file=sys.stderr)
+        print(f"out of date: {', '.join(stale)}; run python -m labkit.measure.conversations", file=sys.stderr)
     return 1 if stale else 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from labkit.course.story_templates import ENDINGS, INTROS, MEETS, OPENINGS, PLOTS
+from labkit.measure.story_templates import ENDINGS, INTROS, MEETS, OPENINGS, PLOTS
 
 # Vocabulary: space-separated words ("_" joins a multi-word item).
 GIRLS = ("Lily Mia Emma Lucy Sara Anna Ella Zoe Ruby Rosa Amy Nina Maya Ivy Jane Kate Sue Tina Molly Daisy "

@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 
 class Request(Protocol):
-    """Anything with a prompt and an output length, e.g. ``labkit.course.workloads.WorkloadRequest``. Notebook 06."""
+    """Anything with a prompt and an output length, e.g. ``labkit.measure.workloads.WorkloadRequest``. Notebook 06."""
 
     prompt_len: int
     output_len: int

@@ -2,7 +2,8 @@
 
 A classroom laptop runs a browser, a video call and a sync client; on two cores one busy neighbour halves what a
 notebook measures and can flip a comparison. ``measure_load`` samples the whole machine's CPU time over a short
-interval and subtracts this process and its children (the notebook's own work), leaving what the others used.
+interval and subtracts this process and its children (the notebook's own work), leaving what the others used;
+``OtherLoad`` is the same meter read over a whole run (the benchmark scripts' "other processes' CPU load").
 Introduced in notebook 03 (``03_kv_cache``).
 """
 
@@ -32,6 +33,11 @@ class LoadReport:
     def busy(self) -> bool:
         return self.others_cores >= BUSY_CORES
 
+    @property
+    def fraction(self) -> float:
+        """Share of all CPUs other processes kept busy (1.0: every core)."""
+        return self.others_cores / self.cpu_count
+
     def summary(self) -> str:
         avg = f", load average {self.load_avg_1m:.2f}" if self.load_avg_1m is not None else ""
         state = "BUSY" if self.busy else "quiet"
@@ -50,32 +56,59 @@ class LoadReport:
 
 
 def _own_cpu_seconds(proc: psutil.Process) -> float:
+    """CPU seconds of ``proc`` and its descendants: the live ones, and those that ended and were waited for (their
+    time moves into their parent's ``children_*`` fields), so a server started and stopped during a benchmark still
+    counts as this process's own work."""
     total = 0.0
     for p in [proc, *proc.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
         except psutil.Error:  # a child ended between listing and reading
             continue
+        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
     return total
+
+
+class OtherLoad:
+    """What other programs used of this machine since ``start()``: for the length of a whole run. Notebook 03.
+
+    ``measure_load`` is this meter over a short sleep; a benchmark script starts one when it starts timing and reads
+    it at the end, so its report says how busy the neighbours kept the CPUs while it ran. Read it once the run's
+    own child processes have been waited for, or their last moments count as another program's.
+    """
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self._me = psutil.Process(os.getpid())
+        self._busy = _busy_seconds(psutil.cpu_times())
+        self._own = _own_cpu_seconds(self._me)
+        self._t0 = time.perf_counter()
+
+    def report(self) -> LoadReport:
+        """Other processes' CPU use since ``start()``, in cores."""
+        wall = time.perf_counter() - self._t0
+        busy = _busy_seconds(psutil.cpu_times()) - self._busy
+        own = _own_cpu_seconds(self._me) - self._own
+        others = max(0.0, (busy - own) / wall) if wall > 0 else 0.0
+        try:
+            load_avg: float | None = os.getloadavg()[0]
+        except (AttributeError, OSError):  # Windows
+            load_avg = None
+        return LoadReport(cpu_count=psutil.cpu_count() or 1, others_cores=others, load_avg_1m=load_avg,
+                          sample_s=wall)
+
+    def fraction(self) -> float:
+        """Share of all CPUs other processes kept busy since ``start()`` (1.0: every core)."""
+        return self.report().fraction
 
 
 def measure_load(sample_s: float = 0.5) -> LoadReport:
     """Sample the machine for ``sample_s`` seconds and report what processes other than this one used."""
-    me = psutil.Process(os.getpid())
-    busy0 = _busy_seconds(psutil.cpu_times())
-    own0 = _own_cpu_seconds(me)
-    t0 = time.perf_counter()
+    meter = OtherLoad()
     time.sleep(sample_s)
-    wall = time.perf_counter() - t0
-    busy = _busy_seconds(psutil.cpu_times()) - busy0
-    own = _own_cpu_seconds(me) - own0
-    others = max(0.0, (busy - own) / wall)
-    try:
-        load_avg: float | None = os.getloadavg()[0]
-    except (AttributeError, OSError):  # Windows
-        load_avg = None
-    return LoadReport(cpu_count=psutil.cpu_count() or 1, others_cores=others, load_avg_1m=load_avg, sample_s=wall)
+    return meter.report()
 
 
 def _busy_seconds(times: Any) -> float:

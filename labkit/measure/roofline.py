@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The engine sizes its KV pool with the same formula, so it lives in core; notebooks import it from here.
+from labkit.core.kv.paged_pool import kv_bytes_per_token
 from labkit.core.model.config import ModelConfig
 from labkit.measure.hardware import DeviceRoof
 
@@ -57,15 +59,6 @@ class StepCost:
     def arithmetic_intensity(self) -> float:
         """FLOP per byte moved: below the device's ridge point the step is bandwidth-bound."""
         return self.flops / self.total_bytes
-
-
-def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
-    """Bytes of K and V one token leaves in the cache, over all layers. Notebook 03's KV calculator.
-
-    2 (K and V) x layers x kv_heads x head_dim x dtype_bytes. Grouped-query attention divides it by
-    num_attention_heads / num_key_value_heads compared with giving every query head its own K/V.
-    """
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_bytes
 
 
 def kv_cache_bytes(config: ModelConfig, num_tokens: int, dtype_bytes: int) -> int:

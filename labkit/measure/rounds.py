@@ -9,15 +9,14 @@ Introduced in notebook 03 (``03_kv_cache``); used by every notebook that compare
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from labkit.core.device import synchronize
 from labkit.measure.load import LoadReport, measure_load
+from labkit.measure.timing import time_call
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -85,11 +84,14 @@ class Rounds:
 
 
 def interleave(contenders: Mapping[str, Contender], num_rounds: int, warmup: int = 1,
-               device: str | torch.device = "cpu", progress: bool = True, check_load: bool = True) -> Rounds:
+               device: str | torch.device = "cpu", progress: bool = True, check_load: bool = True,
+               before_round: Callable[[int], None] | None = None) -> Rounds:
     """Run every contender ``warmup`` times untimed, then once per round for ``num_rounds`` rounds, rotating the order.
 
-    Each run is timed with the device synchronised before and after; a contender's returned metrics are kept beside
-    its ``seconds``.
+    Each run is timed with the device synchronised before and after (``labkit.measure.timing.time_call``); a
+    contender's returned metrics are kept beside its ``seconds``. ``before_round(r)``, when given, runs untimed
+    before round ``r``'s first contender (not before the warm-up): what every contender of the round shares, such as
+    fresh prompts, is made there so that it is the same for all of them.
     """
     from tqdm.auto import tqdm
 
@@ -104,12 +106,11 @@ def interleave(contenders: Mapping[str, Contender], num_rounds: int, warmup: int
             contenders[name]()
     rounds = Rounds(load=measure_load(0.3) if check_load else None)
     for r in tqdm(range(num_rounds), desc="rounds", disable=not progress):
+        if before_round is not None:
+            before_round(r)
         for name in names[r % len(names):] + names[: r % len(names)]:
-            synchronize(dev)
-            start = time.perf_counter()
-            metrics = contenders[name]()
-            synchronize(dev)
-            rounds.add(name, {"seconds": time.perf_counter() - start, **(metrics or {})})
+            metrics, seconds = time_call(contenders[name], dev)
+            rounds.add(name, {"seconds": seconds, **(metrics or {})})
     return rounds
 
 

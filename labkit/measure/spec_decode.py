@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from labkit.core.llm import LLM
 from labkit.core.sampling_params import SamplingParams
-from labkit.course.corpus import story_prompts
+from labkit.measure.corpus import story_prompts
 from labkit.measure.summary import summarize
 
 SEEDS = ["Once upon a time", "One day, a little girl", "There was a big dog", "Tom and his mom",

@@ -1,4 +1,4 @@
-"""The sentence templates of ``labkit.course.corpus``'s stories: one list per story beat, one plot per kind.
+"""The sentence templates of ``labkit.measure.corpus``'s stories: one list per story beat, one plot per kind.
 
 Placeholders such as ``{name}`` or ``{colour_a}`` are filled by ``corpus``; ``@meet`` stands for a sentence
 drawn from ``MEETS``. Introduced with the corpus in notebook 01 (``01_anatomy_of_a_request``).

@@ -1,6 +1,9 @@
 """Timing device work honestly: warm up, synchronise, then read the clock (CUDA events on GPU).
 
-Introduced in notebook 00 (``00_setup_and_hardware``).
+``time_call`` is the one way labkit.measure times a call: synchronise the device, read ``time.perf_counter``, call,
+synchronise again, read it again (``interleave``, ``time_fn`` off CUDA and the benchmarks all use it). ``time_fn``
+repeats it after a warm-up. ``wrap_timed`` / ``timing_calls`` add up the time spent inside a method during a longer
+run (CPU only: they do not synchronise). Introduced in notebook 00 (``00_setup_and_hardware``).
 """
 
 from __future__ import annotations
@@ -8,19 +11,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
 from labkit.core.device import synchronize
+
+T = TypeVar("T")
+
+
+def time_call(fn: Callable[[], T], device: str | torch.device = "cpu") -> tuple[T, float]:
+    """Call ``fn`` once; its result and the seconds it took, queued device work included.
+
+    Synchronising before the first clock read keeps work queued by earlier code out of the figure; synchronising
+    before the second puts the work ``fn`` queued (and did not wait for) into it.
+    """
+    dev = torch.device(device)
+    synchronize(dev)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(dev)
+    return result, time.perf_counter() - start
 
 
 def time_fn(fn: Callable[[], object], device: torch.device, repeats: int = 5, warmup: int = 1) -> list[float]:
     """Seconds per call of ``fn``, one entry per repeat, after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
-    times = []
     if device.type == "cuda":
         # Events are recorded on the stream, so they time the kernels, not the Python that queued them.
+        times = []
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -29,13 +49,7 @@ def time_fn(fn: Callable[[], object], device: torch.device, repeats: int = 5, wa
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
         return times
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return times
+    return [time_call(fn, device)[1] for _ in range(repeats)]
 
 
 def wrap_timed(owner: object, name: str, into: list[float]) -> Callable[[], None]:

@@ -25,7 +25,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from labkit.core.sampling_params import SamplingParams
-from labkit.course.corpus import long_text
+from labkit.measure.corpus import long_text
 
 WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "data" / "workloads"
 HEADER_KEY = "workload"  # the first line of a workload file names it; request lines never have this key

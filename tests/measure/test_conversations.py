@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.course.conversations import (
+from labkit.measure.conversations import (
     CONVERSATIONS,
     CONVERSATIONS_DIR,
     ConversationState,
@@ -60,7 +60,7 @@ def test_jsonl_round_trip_and_committed_files_match(tmp_path) -> None:  # type: 
     assert ConversationWorkload.from_jsonl(wl.to_jsonl(tmp_path / "a.jsonl")) == wl
     assert sorted(p.stem for p in CONVERSATIONS_DIR.glob("*.jsonl")) == sorted(CONVERSATIONS)
     for name, build in CONVERSATIONS.items():
-        assert load_conversations(name) == build(), f"{name}: run python -m labkit.course.conversations"
+        assert load_conversations(name) == build(), f"{name}: run python -m labkit.measure.conversations"
     assert main(["--check"]) == 0
 
 

@@ -9,7 +9,6 @@ import torch
 from labkit import LLM
 from labkit.core.kv import ContiguousKVCache
 from labkit.core.model.linear import LinearKernel, onednn_linear_available
-from labkit.course.workloads import prompt_ids_of_length
 from labkit.measure.decode_roof import (
     ONEDNN_KERNEL,
     PLAIN_KERNELS,
@@ -18,6 +17,7 @@ from labkit.measure.decode_roof import (
 )
 from labkit.measure.roofline import decode_cost
 from labkit.measure.timing import timing_calls
+from labkit.measure.workloads import prompt_ids_of_length
 
 
 def test_gemv_roof_names_every_kernel_and_its_plain_and_best_figures() -> None:

@@ -8,7 +8,7 @@ import torch
 
 from labkit.course.profile import pick_profile, smoke_mode
 from labkit.measure.hardware import DeviceRoof, attainable_flops, probe
-from labkit.measure.timing import time_fn
+from labkit.measure.timing import time_call, time_fn
 
 
 def test_probe_measures_positive_finite_roofs(tmp_path) -> None:
@@ -25,6 +25,11 @@ def test_probe_measures_positive_finite_roofs(tmp_path) -> None:
 def test_roofline_is_the_minimum_of_its_two_roofs() -> None:
     assert attainable_flops(1.0, 1e12, 1e11) == 1e11
     assert attainable_flops(100.0, 1e12, 1e11) == 1e12
+
+
+def test_time_call_returns_the_result_and_its_seconds() -> None:
+    result, seconds = time_call(lambda: torch.ones(3).sum().item(), torch.device("cpu"))
+    assert result == 3.0 and seconds >= 0
 
 
 def test_time_fn_times_every_repeat() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from labkit import LLM, SamplingParams
-from labkit.course.workloads import WorkloadRequest, load_workload
 from labkit.measure.kv_memory import (
     ContiguousLayout,
     PagedLayout,
@@ -15,6 +14,7 @@ from labkit.measure.kv_memory import (
     paged_blocks_per_step,
     peak_len,
 )
+from labkit.measure.workloads import WorkloadRequest, load_workload
 
 A = WorkloadRequest(prompt_len=5, output_len=4)  # in cache during its 4 steps: 5, 6, 7, 8 tokens
 B = WorkloadRequest(prompt_len=10, output_len=3)  # 10, 11, 12

@@ -8,7 +8,7 @@ import pytest
 from bare_sequences import make_seq
 
 from labkit.core.kv.block_manager import BlockManager
-from labkit.course.conversations import agent_calls, conversation_trace, load_conversations
+from labkit.measure.conversations import agent_calls, conversation_trace, load_conversations
 from labkit.measure.kv_reuse import TraceRequest, block_trace, replay
 
 

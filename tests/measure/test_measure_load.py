@@ -14,7 +14,7 @@ import pytest
 from busy_neighbour import start_unrelated_spinner
 
 from labkit.measure import load as load_mod
-from labkit.measure.load import BUSY_CORES, LoadReport, check_machine, measure_load
+from labkit.measure.load import BUSY_CORES, LoadReport, OtherLoad, check_machine, measure_load
 
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait guest guest_nice")
 
@@ -57,6 +57,24 @@ def test_a_busy_neighbour_is_reported_with_advice(monkeypatch: pytest.MonkeyPatc
     assert report.busy
     advice = report.advice()
     assert "close other programs" in advice and "OMP_NUM_THREADS=1" in advice and "re-run" in advice
+
+
+def test_a_run_counts_children_it_waited_for_as_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark stops (and waits for) its servers before reading its meter: their CPU time, now in this process's
+    children_* fields, is still its own work."""
+    own = namedtuple("P", "user system children_user children_system")
+    times = [own(4.0, 0.0, 0.0, 0.0), own(4.2, 0.0, 1.0, 0.0)]  # 0.2 s of its own, 1.0 s of a reaped server
+    process = _FakeProcess([])
+    monkeypatch.setattr(process, "cpu_times", lambda: times.pop(0))
+    machine = [CpuTimes(b, 0.0, 0.0, 100.0, 0.0, 0.0, 0.0) for b in (10.0, 11.5)]
+    monkeypatch.setattr(load_mod.psutil, "cpu_times", lambda: machine.pop(0))
+    monkeypatch.setattr(load_mod.psutil, "Process", lambda pid: process)
+    monkeypatch.setattr(load_mod.psutil, "cpu_count", lambda: 2)
+    clock = iter([0.0, 1.0])
+    monkeypatch.setattr(load_mod.time, "perf_counter", lambda: next(clock))
+    report = OtherLoad().report()
+    assert report.others_cores == pytest.approx(0.3)  # 1.5 busy - 0.2 own - 1.0 the server's
+    assert report.fraction == pytest.approx(0.15)  # of both cores
 
 
 def test_guest_time_is_not_counted_twice() -> None:

@@ -32,6 +32,13 @@ def test_rounds_rotate_the_order_and_exclude_warmup() -> None:
     assert rounds.ratios("a", "b", "tok/s") == pytest.approx([104 / 15, 109 / 17, 111 / 22])
 
 
+def test_before_round_runs_before_each_round_but_not_before_the_warmup() -> None:
+    calls: list[str] = []
+    interleave({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, num_rounds=2, warmup=1,
+               progress=False, check_load=False, before_round=lambda r: calls.append(f"round {r}"))
+    assert calls == ["a", "b", "round 0", "a", "b", "round 1", "b", "a"]
+
+
 def test_table_lists_every_round_and_the_median() -> None:
     r = Rounds()
     for a, b in [(3.0, 1.0), (5.0, 2.0), (4.0, 9.0)]:

@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 from labkit import LLM
-from labkit.course.workloads import (
+from labkit.measure.workloads import (
     WORKLOADS_DIR,
     Workload,
     WorkloadRequest,

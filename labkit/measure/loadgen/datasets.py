@@ -1,7 +1,7 @@
 """Synthetic request sets for the load generator: random lengths, shared prefixes, chat-like lengths.
 
 Each dataset draws prompt and output lengths from a seed and fills prompts with in-domain text
-(``labkit.course.corpus``: the bundled model reads it as a story, so its answers stay readable). Lengths are
+(``labkit.measure.corpus``: the bundled model reads it as a story, so its answers stay readable). Lengths are
 counted with a tokenizer (the bundled one unless you pass another); the server's usage record has
 the final word, as in vLLM's benchmark.
 
@@ -10,7 +10,7 @@ the final word, as in vLLM's benchmark.
 * ``SharedPrefixDataset``: vLLM's ``prefix_repetition``: a few long prefixes (a system prompt, a
   document), each shared by many requests with their own short suffix: prefix caching's best case;
 * ``ChatLikeDataset``: heavy-tailed (lognormal) prompt and output lengths, like chat traffic
-  (``labkit.course.workloads.lognormal_lengths``): most requests short, a few many times longer.
+  (``labkit.measure.workloads.lognormal_lengths``): most requests short, a few many times longer.
 
 Introduced in notebook 09 (``09_serving_and_metrics``).
 """
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from labkit.course.workloads import lognormal_lengths, prompt_ids_of_length
+from labkit.measure.workloads import lognormal_lengths, prompt_ids_of_length
 
 
 @dataclass(frozen=True)

@@ -105,15 +105,15 @@ def drive(llm: LLM, prompts: Seq[Prompt], params: Seq[SamplingParams],
           before_step: Callable[[], None] | None = None) -> list[str]:
     """Queue every prompt, step the engine until all are done, stream each request's new text after every step.
 
-    A server's engine loop in miniature (notebook 09), run by ``LLMEngine`` like every other front end,
-    with the driver's work in named ranges. ``before_step`` runs before every engine step (the profiler's
+    A server's engine loop in miniature (notebook 09), run by the engine's own loop (``Engine.run``) like every other
+    front end, with the driver's work in named ranges. ``before_step`` runs before every engine step (the profiler's
     ``step()``, which marks steps for TensorBoard). Raises ``RequestFailedError`` if a step failed a request.
     """
     with record_function("labkit::tokenize"):
         groups = llm.input_processor.make_sequences(list(prompts), list(params))
-    outputs = llm.llm_engine.output_processor
+    outputs = llm.output_processor
     texts = {s.seq_id: "" for g in groups for s in g}
-    with closing(llm.llm_engine.run(groups, before_step=before_step)) as steps:
+    with closing(llm.engine.run(groups, before_step=before_step)) as steps:
         for stepped in steps:
             with record_function("labkit::stream"):
                 for seq in stepped:

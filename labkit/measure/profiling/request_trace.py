@@ -91,7 +91,7 @@ def trace_request(llm: LLM, prompt: Prompt, params: SamplingParams | None = None
     """Run one request to completion, one engine step at a time, and return its timeline.
 
     The output is the same as ``llm.generate(prompt, params)`` (same engine, same sampling, the same
-    ``LLMEngine`` loop), so the timings describe exactly the request a user would have run. The engine
+    ``Engine.run`` loop), so the timings describe exactly the request a user would have run. The engine
     must hold no other request. If an engine step fails the request, ``RequestFailedError`` is raised.
     """
     params = params or SamplingParams()
@@ -108,10 +108,10 @@ def trace_request(llm: LLM, prompt: Prompt, params: SamplingParams | None = None
         seq.prompt = prompt
     trace = RequestTrace(prompt_token_ids=list(ids), output_token_ids=[], text="", finish_reason=None,
                          submit_time=submit, tokenize_time=tokenize_time, metrics=seq.metrics)
-    engine, outputs = llm.engine, llm.llm_engine.output_processor
+    engine, outputs = llm.engine, llm.output_processor
     num_stats, had_output = len(engine.step_stats), 0
     # The request arrived before it was tokenized (start=submit), as in generate.
-    with closing(llm.llm_engine.run([group], start=submit)) as steps:
+    with closing(llm.engine.run([group], start=submit)) as steps:
         for _ in steps:
             if seq.error is not None:  # its step failed (no StepStats to read): make_outputs below raises
                 break

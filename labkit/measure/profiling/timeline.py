@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
-from labkit.course.plots import STAGE_COLORS
+from labkit.measure.colors import STAGE_COLORS
 from labkit.measure.profiling.trace_analysis import TraceAnalysis, busy_time
 
 COLORS = {**STAGE_COLORS, "stream": "#e377c2"}

@@ -38,7 +38,7 @@ class ClusterSpec:
 
     num_prefill: int = 0
     num_decode: int = 1
-    kv_bytes_per_token: int = 0  # all layers, K and V (``labkit.measure`` / ``kv_block_bytes`` / block_size)
+    kv_bytes_per_token: int = 0  # all layers, K and V (``labkit.measure.roofline.kv_bytes_per_token``)
     link_bandwidth: float = math.inf  # bytes/s between a prefill and a decode worker
     link_latency: float = 0.0  # s per transfer
     num_blocks: int = 4096  # per worker

@@ -14,6 +14,7 @@ from labkit.core.metrics import RequestMetrics
 from labkit.core.sampling_params import SamplingParams
 from labkit.core.sched.output import SchedulerOutput
 from labkit.core.sched.scheduler import Scheduler
+from labkit.core.sched.stop import finish
 from labkit.core.sequence import FinishReason, Sequence, SequenceStatus
 from labkit.measure.sim.cost_model import StepCostModel, StepShape
 
@@ -78,7 +79,7 @@ class SimInstance:
         for seq in sampled:
             seq.record_token(0, end)
             if seq.num_output_tokens >= (seq.params.max_tokens or 0) or seq.num_tokens >= seq.max_model_len:
-                seq.finish(FinishReason.LENGTH, None, end)
+                finish(seq, FinishReason.LENGTH, None, end)
                 self.scheduler.finish_request(seq)
         self.busy_until, self.busy_time, self.num_steps = end, self.busy_time + seconds, self.num_steps + 1
         return end, sampled

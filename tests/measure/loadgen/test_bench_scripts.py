@@ -1,6 +1,7 @@
 """Every benchmark script still runs end to end at smoke sizes and writes a report with its hardware header.
 
-Benchmarks are scripts, not timed tests (DESIGN.md section 6): this checks that they work, never how fast.
+Benchmarks are scripts, not timed tests (compare side by side in one run, report ratios, name the hardware): this
+checks that they work, never how fast. Their parts live in ``labkit.measure.benchmarks``.
 """
 
 from __future__ import annotations
@@ -35,23 +36,33 @@ def test_benchmark_runs_at_smoke_sizes(script: str, tmp_path: Path) -> None:
 
 
 def test_timed_wrapper_counts_calls_and_restores() -> None:
-    """bench_engines' part 1c times F.linear by wrapping it (bench_common.timed): the time must add up and the
-    original come back."""
+    """bench_engines' part 1c times F.linear by wrapping it (``labkit.measure.timing.timing_calls``): the time must
+    add up and the original come back."""
     import torch
     from torch.nn import functional as F
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from bench_common import timed
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from labkit.measure.timing import timing_calls
+
     original, spent = F.linear, [0.0]
     x, w = torch.randn(64, 256), torch.randn(512, 256)
-    with timed(torch.nn.functional, "linear", spent):
+    with timing_calls(torch.nn.functional, "linear", spent):
         assert F.linear is not original
         torch.testing.assert_close(F.linear(x, w), x @ w.T)
     assert spent[0] > 0
     assert F.linear is original
-    with pytest.raises(RuntimeError), timed(torch.nn.functional, "linear", spent):
+    with pytest.raises(RuntimeError), timing_calls(torch.nn.functional, "linear", spent):
         F.linear(x, torch.randn(3, 5))  # shapes do not match: the wrapper must let the error through ...
     assert F.linear is original  # ... and still restore the original
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "scripts").glob("bench_*.py")))
+def test_every_benchmark_script_is_a_thin_command_line(script: str) -> None:
+    """Scripts import their parts from labkit.measure.benchmarks, never from each other through sys.path, and
+    answer --help."""
+    source = (ROOT / "scripts" / script).read_text(encoding="utf-8")
+    assert "sys.path" not in source
+    assert "labkit.measure.benchmarks" in source
+    done = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--smoke" in done.stdout and "--out" in done.stdout

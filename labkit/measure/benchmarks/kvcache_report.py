@@ -1,12 +1,11 @@
-"""bench_kvcache's Markdown report."""
+"""``scripts/bench_kvcache.py``'s Markdown report (``docs/benchmarks/kvcache.md``)."""
 
 from __future__ import annotations
 
 import statistics
 
-from bench_common import Hardware, md_table, report_header
-
-from benchlib.kvcache_measure import Breakdown, DecodePoint, GenerationRun, MBUResult, RoofRounds, Sizes
+from labkit.measure.benchmarks.kvcache import Breakdown, DecodePoint, GenerationRun, MBUResult, RoofRounds, Sizes
+from labkit.measure.benchmarks.report import Hardware, md_table, report_header
 from labkit.measure.hardware import DeviceRoof
 from labkit.measure.roofline import mbu
 

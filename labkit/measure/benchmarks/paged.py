@@ -1,27 +1,35 @@
-"""bench_paged's sizes, records and measurements: the engine run, prefix caching and its cost."""
+"""``scripts/bench_paged.py``'s sizes, records and measurements: the engine run, prefix caching and its cost.
+
+Paged KV memory against contiguous reservation and prefix caching on and off, side by side (notebook 06);
+``paged_report`` writes the report and draws the figures.
+"""
 
 from __future__ import annotations
 
 import statistics
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from bench_common import wrap_timed
-from tqdm.auto import tqdm
 
-from labkit import LLM, SamplingParams
 from labkit.core.kv.block_manager import BlockManager
-from labkit.course.workloads import Workload, load_workload, materialise, prompt_ids_of_length, sampling_params_for
+from labkit.core.kv.paged_pool import kv_bytes_per_token
+from labkit.core.llm import LLM
+from labkit.core.model.source import resolve_model_source
+from labkit.core.sampling_params import SamplingParams
 from labkit.measure.kv_memory import (
     ContiguousLayout,
     KVMemoryUsage,
     Layout,
     PagedLayout,
     kv_memory_usage,
+    max_concurrent_seqs,
     paged_blocks_per_step,
 )
+from labkit.measure.rounds import interleave
 from labkit.measure.stats import Percentiles
+from labkit.measure.timing import time_call, wrap_timed
+from labkit.measure.workloads import Workload, load_workload, materialise, prompt_ids_of_length, sampling_params_for
 
 MODEL = "labkit-tiny"
 BLOCK_SIZE = 16
@@ -129,6 +137,19 @@ def waste_table(wl: Workload) -> tuple[dict[str, Layout], dict[str, KVMemoryUsag
     return layouts, life, peak
 
 
+def concurrency_table(wl: Workload, layouts: dict[str, Layout]) -> tuple[list[int], dict[str, list[int]]]:
+    """KV budgets of 1 to 32 max_model_len reservations, and how many of ``wl``'s sequences each layout fits in
+    each (by accounting: every sequence counted at its longest)."""
+    budgets = [k * MAX_MODEL_LEN for k in (1, 2, 4, 8, 16, 32)]
+    return budgets, {name: [max_concurrent_seqs(wl.requests, b, layout) for b in budgets]
+                     for name, layout in layouts.items()}
+
+
+def kv_bytes_per_token_of(model: str, dtype: torch.dtype) -> int:
+    """K and V bytes one token of ``model`` holds in the cache (the report's MiB column)."""
+    return kv_bytes_per_token(resolve_model_source(model).config, dtype.itemsize)
+
+
 def measure_engine_run(device: torch.device, dtype: torch.dtype, sizes: Sizes) -> EngineRun:
     base = load_workload(sizes.run_workload)
     budget = sizes.run_reservations * sizes.run_max_model_len
@@ -137,9 +158,7 @@ def measure_engine_run(device: torch.device, dtype: torch.dtype, sizes: Sizes) -
     wl = materialise(base, llm.tokenizer, seed=0)
     llm.generate(wl.prompts()[:2], greedy(2), use_tqdm=False)  # warm-up
     before = len(llm.engine.step_stats)
-    start = time.perf_counter()
-    llm.generate(wl.prompts(), sampling_params_for(wl), use_tqdm=False)
-    seconds = time.perf_counter() - start
+    _, seconds = time_call(lambda: llm.generate(wl.prompts(), sampling_params_for(wl), use_tqdm=False), llm.device)
     steps = llm.engine.step_stats[before:]
     preemptions = steps[-1].num_preemptions - llm.engine.step_stats[before - 1].num_preemptions
     used = [s.kv_blocks_used or 0 for s in steps]
@@ -159,38 +178,44 @@ def shared_prefix_prompts(tokenizer, sizes: Sizes, round_index: int) -> list[lis
 
 def measure_prefix_caching(device: torch.device, dtype: torch.dtype, sizes: Sizes, out_len: int = 4
                            ) -> dict[bool, PrefixResult]:
+    """Caching off and on in interleaved rounds, each round with fresh questions after the same prefix."""
     llms = {c: paged_llm(device, dtype, max_num_seqs=sizes.num_requests, enable_prefix_caching=c)
             for c in (False, True)}
-    per_round: dict[bool, list[dict[str, object]]] = {False: [], True: []}
     for llm in llms.values():  # warm-up, not measured: first calls allocate and pick kernels
         llm.generate([prompt_ids_of_length(llm.tokenizer, 64, seed=0)], greedy(2), use_tqdm=False)
     tokenizer = llms[False].tokenizer
-    jobs = [(r, c) for r in range(sizes.ttft_rounds) for c in (False, True)]  # alternate, so drift hits both
-    for r, caching in tqdm(jobs, desc="shared prefix", unit="run"):
+    prompts: list[list[int]] = []  # this round's, the same for caching off and on
+    outputs: dict[bool, list[list[int]]] = {}  # each one's greedy tokens in the first round
+
+    def new_round(r: int) -> None:
+        prompts[:] = shared_prefix_prompts(tokenizer, sizes, r)
+
+    def run(caching: bool) -> Callable[[], dict[str, float]]:
         llm = llms[caching]
-        prompts = shared_prefix_prompts(tokenizer, sizes, r)
-        first = llm.generate(prompts[:1], greedy(out_len), use_tqdm=False)[0]
-        start = time.perf_counter()
-        outs = llm.generate(prompts[1:], greedy(out_len), use_tqdm=False)
-        seconds = time.perf_counter() - start
-        ttft = Percentiles.of([o.metrics.ttft for o in outs])
-        per_round[caching].append({
-            "first": first.metrics.ttft, "mean": ttft.mean, "median": ttft.median, "p90": ttft.p90, "seconds": seconds,
-            "prefill": statistics.mean(len(o.prompt_token_ids) - o.num_cached_tokens for o in outs),
-            "hit": sum(o.num_cached_tokens for o in outs) / sum(len(o.prompt_token_ids) for o in outs),
-            "outputs": [o.outputs[0].token_ids for o in outs],
-        })
-    results = {}
-    for caching, rounds in per_round.items():
-        def med(key: str, rounds: list = rounds) -> float:  # type: ignore[type-arg]
-            return statistics.median(float(x[key]) for x in rounds)  # type: ignore[arg-type]
-        results[caching] = PrefixResult(caching, float(rounds[0]["first"]), med("mean"),  # type: ignore[arg-type]
-                                        med("median"), med("p90"), med("prefill"), med("hit"), med("seconds"),
-                                        rounds[0]["outputs"])  # type: ignore[arg-type]
-    return results
+
+        def one() -> dict[str, float]:
+            first = llm.generate(prompts[:1], greedy(out_len), use_tqdm=False)[0]  # computes the prefix either way
+            outs, seconds = time_call(lambda: llm.generate(prompts[1:], greedy(out_len), use_tqdm=False), llm.device)
+            outputs.setdefault(caching, [o.outputs[0].token_ids for o in outs])
+            ttft = Percentiles.of([o.metrics.ttft for o in outs])
+            return {"first": first.metrics.ttft, "mean": ttft.mean, "median": ttft.median, "p90": ttft.p90,
+                    "batch_seconds": seconds,
+                    "prefill": statistics.mean(len(o.prompt_token_ids) - o.num_cached_tokens for o in outs),
+                    "hit": sum(o.num_cached_tokens for o in outs) / sum(len(o.prompt_token_ids) for o in outs)}
+
+        return one
+
+    names = {False: "caching off", True: "caching on"}
+    rounds = interleave({names[c]: run(c) for c in (False, True)}, sizes.ttft_rounds, warmup=0, device=device,
+                        check_load=False, before_round=new_round)
+    return {c: PrefixResult(c, rounds.get(name, "first")[0], rounds.median(name, "mean"), rounds.median(name, "median"),
+                            rounds.median(name, "p90"), rounds.median(name, "prefill"), rounds.median(name, "hit"),
+                            rounds.median(name, "batch_seconds"), outputs[c])
+            for c, name in names.items()}
 
 
 def measure_cost(device: torch.device, dtype: torch.dtype, sizes: Sizes) -> CostResult:
+    """Caching off and on in interleaved rounds on prompts that share nothing, fresh every round."""
     base = load_workload(sizes.cost_workload)
     llms = {c: paged_llm(device, dtype, max_num_seqs=len(base), enable_prefix_caching=c) for c in (False, True)}
     box = [0.0]
@@ -199,18 +224,22 @@ def measure_cost(device: torch.device, dtype: torch.dtype, sizes: Sizes) -> Cost
         llm.generate([prompt_ids_of_length(llm.tokenizer, 64, seed=1)], greedy(2), use_tqdm=False)  # warm-up
     for name in ("lookup_prefix", "cache_full_blocks", "record_prefix_query"):
         wrap_timed(bm, name, box)  # for the rest of the run
-    throughput: dict[bool, list[float]] = {False: [], True: []}
-    cached = 0
-    total_on = 0.0
-    for r in tqdm(range(sizes.cost_rounds), desc="0% hit rate", unit="round"):
-        wl = materialise(base, llms[False].tokenizer, seed=2000 + r)  # fresh prompts: nothing to find
-        order = (False, True) if r % 2 == 0 else (True, False)
-        for caching in order:
-            start = time.perf_counter()
+    workload: list[Workload] = []  # this round's, the same for caching off and on
+
+    def new_round(r: int) -> None:
+        workload[:] = [materialise(base, llms[False].tokenizer, seed=2000 + r)]  # fresh prompts: nothing to find
+
+    def run(caching: bool) -> Callable[[], dict[str, float]]:
+        def one() -> dict[str, float]:
+            wl = workload[0]
             outs = llms[caching].generate(wl.prompts(), sampling_params_for(wl), use_tqdm=False)
-            seconds = time.perf_counter() - start
-            throughput[caching].append(wl.num_output_tokens / seconds)
-            if caching:
-                cached += sum(o.num_cached_tokens for o in outs)
-                total_on += seconds
-    return CostResult(throughput[False], throughput[True], cached, box[0], total_on)
+            return {"output_tokens": wl.num_output_tokens, "cached": sum(o.num_cached_tokens for o in outs)}
+
+        return one
+
+    rounds = interleave({"off": run(False), "on": run(True)}, sizes.cost_rounds, warmup=0, device=device,
+                        check_load=False, before_round=new_round)
+    throughput = {name: [n / t for n, t in zip(rounds.get(name, "output_tokens"), rounds.get(name, "seconds"))]
+                  for name in ("off", "on")}
+    return CostResult(throughput["off"], throughput["on"], int(sum(rounds.get("on", "cached"))), box[0],
+                      sum(rounds.get("on", "seconds")))

@@ -1,20 +1,26 @@
-"""bench_host_overhead's sizes, configurations and measurements."""
+"""``scripts/bench_host_overhead.py``'s sizes, configurations and measurements.
+
+How much of each engine step the device spends waiting for Python, for each host-side option side by side, and
+transformers' per-step time beside it (notebook 10); ``host_overhead_report`` writes the report.
+"""
 
 from __future__ import annotations
 
 import statistics
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from labkit import LLM, SamplingParams
-from labkit.core.device import synchronize
-from labkit.course.workloads import prompt_ids_of_length
+from labkit.core.llm import LLM
+from labkit.core.sampling_params import SamplingParams
 from labkit.measure.hardware import DeviceRoof
 from labkit.measure.profiling import profile_engine
 from labkit.measure.roofline import decode_cost, mbu
+from labkit.measure.rounds import interleave
+from labkit.measure.timing import time_call
+from labkit.measure.workloads import prompt_ids_of_length
 
 HOST_STAGES = ("schedule", "prepare", "sample", "detokenize")  # the StageClock stages outside the forward pass
 ASYNC = "vectorized + async"  # async scheduling: steps overlap, so it is measured by its step period, untraced
@@ -99,16 +105,51 @@ def measure_engine(llm: LLM, prompts: list[list[int]], params: SamplingParams, c
 def hf_per_step(model: torch.nn.Module, ids: torch.Tensor, tokens: tuple[int, int], rounds: int) -> float:
     """transformers' generate: marginal seconds per decode step, (t(N2) - t(N1)) / (N2 - N1), median of rounds."""
     def run(n: int) -> float:
-        synchronize(ids.device)
-        t0 = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                       min_new_tokens=n, pad_token_id=0)
-        synchronize(ids.device)
-        return time.perf_counter() - t0
+        return time_call(lambda: model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                                max_new_tokens=n, min_new_tokens=n, pad_token_id=0), ids.device)[1]
 
     run(2)  # warm-up
     n1, n2 = tokens
     return statistics.median((run(n2) - run(n1)) / (n2 - n1) for _ in range(rounds))
+
+
+def chunked_engines(configs: dict[str, dict[str, object]], device: torch.device, dtype: torch.dtype, sizes: Sizes
+                    ) -> tuple[dict[str, LLM], list[list[int]]]:
+    """One ``chunked`` engine per configuration on the bundled model, warmed up, and the prompts of the largest
+    batch (every batch takes the first B of them)."""
+    llms = {label: LLM("labkit-tiny", engine="chunked", device=device, dtype=dtype, max_num_seqs=max(sizes.batches),
+                       **options)  # type: ignore[arg-type]
+            for label, options in configs.items()}
+    tokenizer = next(iter(llms.values())).tokenizer
+    prompts = [prompt_ids_of_length(tokenizer, sizes.prompt_len, seed=i) for i in range(max(sizes.batches))]
+    for llm in llms.values():  # warm-up: first calls allocate, pick kernels, capture graphs
+        llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    return llms, prompts
+
+
+def measure_cells(llms: dict[str, LLM], hf_model: torch.nn.Module, prompts: list[list[int]], sizes: Sizes,
+                  device: torch.device, logdir: Path) -> tuple[dict[tuple[str, int], Samples], dict[int, float]]:
+    """Every (configuration, batch) cell and transformers' per-step time at every batch, in interleaved rounds so
+    that a burst of load from other programs hits them alike: the samples of each cell, and transformers' median
+    per-step seconds by batch."""
+    params = SamplingParams(max_tokens=sizes.max_tokens, temperature=0.0, ignore_eos=True)
+    cells = {(label, b): Samples() for label in llms for b in sizes.batches}
+    hf: dict[int, list[float]] = {b: [] for b in sizes.batches}
+
+    def engine_cell(label: str, b: int) -> Callable[[], None]:
+        return lambda: measure_engine(llms[label], prompts[:b], params, cells[(label, b)], logdir)
+
+    def hf_cell(b: int) -> Callable[[], None]:
+        ids = torch.tensor(prompts[:b], device=device)  # equal lengths: no padding needed
+        return lambda: hf[b].append(hf_per_step(hf_model, ids, sizes.hf_tokens, rounds=1))
+
+    contenders: dict[str, Callable[[], None]] = {}
+    for b in sizes.batches:
+        contenders.update({f"{label}, batch {b}": engine_cell(label, b) for label in llms})
+        contenders[f"transformers generate, batch {b}"] = hf_cell(b)
+    # Each engine was warmed up, and hf_per_step warms transformers up itself.
+    interleave(contenders, sizes.rounds, warmup=0, device=device, check_load=False)
+    return cells, {b: statistics.median(v) for b, v in hf.items()}
 
 
 def measure_mbu(preset: str, device: torch.device, dtype: torch.dtype, configs: dict[str, dict[str, object]],

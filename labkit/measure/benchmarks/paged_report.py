@@ -1,4 +1,4 @@
-"""bench_paged's figures and Markdown report (the script sets matplotlib's Agg backend first)."""
+"""``scripts/bench_paged.py``'s figures and Markdown report (the script sets matplotlib's Agg backend first)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-from bench_common import Hardware, md_table, report_header
 
-from benchlib.paged_measure import (
+from labkit.measure.benchmarks.paged import (
     BLOCK_SIZE,
     COST_GOAL,
     MAX_MODEL_LEN,
@@ -22,8 +21,9 @@ from benchlib.paged_measure import (
     PrefixResult,
     Sizes,
 )
-from labkit.course.workloads import Workload, load_workload
+from labkit.measure.benchmarks.report import Hardware, md_table, report_header
 from labkit.measure.kv_memory import KVMemoryUsage, PagedLayout, max_concurrent_seqs
+from labkit.measure.workloads import Workload, load_workload
 
 
 def draw_figures(out_dir: Path, wl_name: str, life: dict[str, KVMemoryUsage], fits: dict[str, list[int]],

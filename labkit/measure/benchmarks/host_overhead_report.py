@@ -1,11 +1,11 @@
-"""bench_host_overhead's findings and Markdown report."""
+"""``scripts/bench_host_overhead.py``'s findings and Markdown report (``docs/benchmarks/host_overhead.md``)."""
 
 from __future__ import annotations
 
 import torch
-from bench_common import Hardware, md_table, report_header
 
-from benchlib.host_overhead_measure import ASYNC, Samples, Sizes, is_async
+from labkit.measure.benchmarks.host_overhead import ASYNC, Samples, Sizes, is_async
+from labkit.measure.benchmarks.report import Hardware, md_table, report_header
 from labkit.measure.hardware import DeviceRoof
 
 

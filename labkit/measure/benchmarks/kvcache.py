@@ -1,26 +1,32 @@
-"""bench_kvcache's sizes, records and measurements: decode cost, generation, MBU, breakdown."""
+"""``scripts/bench_kvcache.py``'s sizes, records and measurements: decode cost, generation, MBU, breakdown, GEMV roof.
+
+Naive against kvcache decoding side by side (notebook 03), decode MBU on a real shape and the batch-1 decode step
+against the matrix-vector roof (notebook 04). ``kvcache_report`` writes the report.
+"""
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from labkit import LLM, SamplingParams
 from labkit.core.device import synchronize
 from labkit.core.kv import ContiguousKVCache
+from labkit.core.llm import LLM
 from labkit.core.model import CausalLM
 from labkit.core.model.attention import sdpa
 from labkit.core.model.linear import set_linear_kernel
-from labkit.course.workloads import prompt_ids_of_length
+from labkit.core.sampling_params import SamplingParams
 from labkit.measure.decode_roof import DecodeBreakdown, GemvRoof, measure_decode_breakdown
 from labkit.measure.roofline import StepCost, decode_cost
+from labkit.measure.rounds import interleave
 from labkit.measure.timing import time_fn
+from labkit.measure.workloads import prompt_ids_of_length
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,24 @@ def decode_steps(llm: LLM, ids: list[int], num_steps: int) -> tuple[list[float],
     return [s.duration for s in stats], [s.stage_times["forward"] for s in stats], [s.stage_times for s in stats]
 
 
+def naive_and_kvcache(model: str, device: torch.device, dtype: torch.dtype, sizes: Sizes) -> dict[str, LLM]:
+    """The two engines compared in parts 1 and 2, long enough for both, warmed up."""
+    max_len = max(max(sizes.contexts) + sizes.decode_steps + 2, sizes.gen_prompt_len + sizes.gen_tokens)
+    llms = {name: LLM(model, engine=name, device=device, dtype=dtype, max_model_len=max_len)
+            for name in ("naive", "kvcache")}
+    for llm in llms.values():  # warm-up: first calls allocate and pick kernels
+        decode_steps(llm, prompt_ids_of_length(llm.tokenizer, 32, seed=0), 4)
+    return llms
+
+
+def preset_llm(preset: str, device: torch.device, dtype: torch.dtype, sizes: Sizes) -> LLM:
+    """The ``kvcache`` engine on ``preset`` (random weights) for parts 3-5, warmed up."""
+    llm = LLM(preset, engine="kvcache", device=device, dtype=dtype,
+              max_model_len=sizes.mbu_context + sizes.mbu_steps + 2)
+    decode_steps(llm, prompt_ids_of_length(llm.tokenizer, 16, seed=0), 3)  # warm-up
+    return llm
+
+
 def measure_decode_points(llms: dict[str, LLM], contexts: tuple[int, ...], num_steps: int) -> list[DecodePoint]:
     points = []
     tokenizer = next(iter(llms.values())).tokenizer
@@ -195,14 +219,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 def measure_breakdown(model: CausalLM, context: int, num_steps: int) -> Breakdown:
     dev = model.device
     cache, token = prefilled_cache(model, context, 3 * num_steps + 4)
-    decode_forward(model, cache, token)  # warm-up
-    times = []
-    for _ in range(num_steps):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        decode_forward(model, cache, token)
-        synchronize(dev)
-        times.append(time.perf_counter() - t0)
+    times = time_fn(lambda: decode_forward(model, cache, token), dev, repeats=num_steps, warmup=1)
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
@@ -289,10 +306,16 @@ def measure_roof_rounds(llm: LLM, gemv: GemvRoof, context: int, steps: int, num_
     ids = prompt_ids_of_length(llm.tokenizer, context, seed=11)
     kernels = ("auto", "torch")
     rounds: dict[str, list[DecodeBreakdown]] = {k: [] for k in kernels}
-    for r in tqdm(range(num_rounds), desc="decode vs the GEMV roof (rounds)"):
-        for kernel in kernels[r % 2:] + kernels[: r % 2]:
+
+    def with_kernel(kernel: str) -> Callable[[], None]:
+        def run() -> None:
             set_linear_kernel(llm.model, kernel)
             measure_decode_breakdown(llm, ids, 2, ContiguousKVCache)  # warm-up: repack, first calls
             rounds[kernel].append(measure_decode_breakdown(llm, ids, steps, ContiguousKVCache))
+
+        return run
+
+    # Each round warms its kernel up itself (switching kernels repacks the weights), so no warm-up round here.
+    interleave({k: with_kernel(k) for k in kernels}, num_rounds, warmup=0, device=llm.device, check_load=False)
     set_linear_kernel(llm.model, "auto")
     return RoofRounds(gemv, context, steps, rounds)

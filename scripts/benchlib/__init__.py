@@ -1,1 +1,0 @@
-"""Parts of the benchmark scripts in scripts/: measurements, reports and figures, one module each."""
