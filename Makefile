@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: lab test env clean-notebooks offline-bundle reset answer-key
+.PHONY: lab test check env clean-notebooks offline-bundle reset answer-key
 
 env: $(STAMP)
 
@@ -23,10 +23,18 @@ $(STAMP): requirements.txt pyproject.toml
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ip=127.0.0.1 --allow-root --notebook-dir=notebooks
 
-## Run every test: the linter, unit tests, then every notebook under nbval in smoke mode.
+## Run every test: the linter, the layer contracts, unit tests, then every notebook under nbval in smoke mode.
 test: $(STAMP)
 	$(BIN)/ruff check labkit tests scripts
+	$(BIN)/lint-imports --no-logo
 	LABKIT_SMOKE=1 $(BIN)/python -m pytest
+
+## The fast tier for everyday work (a few minutes): the linter, the layer contracts and the unit tests; no notebooks,
+## browser, benchmark scripts or worker processes (tests marked "integration"), nor the randomised "slow" ones.
+check: $(STAMP)
+	$(BIN)/ruff check labkit tests scripts
+	$(BIN)/lint-imports --no-logo
+	LABKIT_SMOKE=1 $(BIN)/python -m pytest tests --ignore=tests/e2e -m "not integration and not slow" -q
 
 ## Strip outputs from every notebook (before committing).
 clean-notebooks: $(STAMP)

@@ -5,27 +5,27 @@ Task 1 is a ``Scheduler`` subclass that overrides ``Scheduler.schedule_running``
 token first, then each running sequence part-way through its prompt gets its next chunk,
 ``min(tokens left, budget left)``; the method returns the budget left, which admissions then fill. The
 checker runs engine ``chunked`` with the learner's class (``LLM(..., scheduler_cls=...)``) on short requests
-that are decoding when a long prompt arrives, and reads every step's plan (``labkit.course.harness.scheduling``):
-no decode is stalled while the prompt is chunked, no step exceeds the budget, every partial prefill takes
-what the budget allows, and the budget returned is what is left. Then the run must match labkit's own
-scheduler: the same greedy tokens, the same batch at every step, and no KV block left in use.
+that are decoding when a long prompt arrives, through the harness (``labkit.course.harness``), and reads every
+step's plan (``labkit.course.harness.scheduler_records``): no decode is stalled while the prompt is chunked, no step
+exceeds the budget, every partial prefill takes what the budget allows, and the budget returned is what is left.
+Then the run must match labkit's own scheduler and transformers: the same greedy tokens, the same batch at every
+step, and no KV block left in use.
 """
 
 from __future__ import annotations
 
 from labkit.core.sched.scheduler import Scheduler
 from labkit.course import Check, CheckResult, run_checker
-from labkit.course.harness.scheduling import TrialRequest, TrialSetup, run_trial
-from labkit.course.harness.trial_checks import check_run, require_scheduler, show
-from labkit.course.harness.trial_records import StepPlan
+from labkit.course.harness.compare import expect_run
+from labkit.course.harness.runs import Setup, requests_of_lengths
+from labkit.course.harness.scheduler_records import StepPlan, require_scheduler, run_trial, show
 
 # Three short requests decoding when a 100-token prompt arrives (step 3), and one more short one behind it
 # (step 4): with a 32-token budget the long prompt is split over four steps while the decodes go on.
-BUDGET_TRIAL = TrialSetup(
-    engine="chunked",
-    requests=(TrialRequest(8, 14), TrialRequest(10, 14), TrialRequest(6, 14), TrialRequest(100, 3, arrival_step=3),
-              TrialRequest(12, 4, arrival_step=4)),
-    max_num_seqs=5, max_num_batched_tokens=32, block_size=8, num_gpu_blocks=64,
+BUDGET_TRIAL = Setup(
+    "3 decodes, then a long prompt",
+    requests_of_lengths((8, 14, 0), (10, 14, 0), (6, 14, 0), (100, 3, 3), (12, 4, 4)),
+    engine="chunked", max_num_seqs=5, max_num_batched_tokens=32, block_size=8, num_gpu_blocks=64,
 )
 
 
@@ -75,7 +75,7 @@ def check_schedule_running(cls: type[Scheduler], model: str = "labkit-tiny") -> 
             if problem:
                 check.expect(False, problem)
                 return
-        check_run(check, trial, "schedule_running")
+        expect_run(check, trial.run, model, "schedule_running", "labkit's scheduler")
 
     return run_checker(
         "Task 1 (schedule_running)",

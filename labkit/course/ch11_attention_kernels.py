@@ -200,7 +200,7 @@ def kernel_backend(tile_fn: Callable[..., Any] | None = None, merge_fn: Callable
 def engine_tokens(backend: type, model: str = "labkit-tiny", max_tokens: int = 6) -> tuple[list[list[int]], list]:
     """Engine ``continuous`` with ``backend``: two ragged prompts (one spans several blocks), greedy tokens."""
     from labkit import LLM, SamplingParams
-    from labkit.course.harness.paged_runs import prompt
+    from labkit.course.harness.runs import prompt
 
     prompts = [list(prompt(model, 21, seed=5)), list(prompt(model, 6, seed=6))]
     with LLM(model, engine="continuous", device=str(device()), block_size=8, num_gpu_blocks=16,

@@ -17,9 +17,10 @@ import torch
 
 from labkit.core.disagg.prefill_worker import PrefillRequest, PrefillWorker, PrefillWorkerSpec
 from labkit.core.disagg.receive import KVReceiver
-from labkit.core.engine.sampler import sample
 from labkit.core.llm import LLM
+from labkit.core.sampler import sample
 from labkit.core.sampling_params import SamplingParams
+from labkit.core.sched.stop import append_token
 from labkit.core.sequence import Sequence, SequenceStatus
 from labkit.course import Check, CheckResult, run_checker
 
@@ -80,7 +81,7 @@ def decode_and_compare(check: Check, receiver: KVReceiver, worker: PrefillWorker
     """Prefill each request, receive it with the learner's code, decode them all, compare and count the blocks."""
     for seq in seqs:
         kv, logits = worker.prefill(PrefillRequest(seq.seq_id, seq.prompt_token_ids))
-        seq.append_token(sample(logits[None], [seq.params], [seq.generator])[0], time.perf_counter())
+        append_token(seq, sample(logits[None], [seq.params], [seq.generator])[0], time.perf_counter())
         used_before = llm.engine.block_manager.num_used_blocks
         receiver.receive_kv(llm.engine.scheduler, llm.engine.pool, seq, kv)
         problem = received_problem(seq, kv, llm, used_before)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.core.engine.sampler import draw
+from labkit.core.sampler import draw
 from labkit.core.spec_decode.rejection_sampler import RejectionSampler, one_hot
 from labkit.course import Check, CheckResult, run_checker
 

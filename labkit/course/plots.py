@@ -1,4 +1,5 @@
-"""The workbook's shared plots: the roofline, batch slots and tokens; the colours every plot uses.
+"""The workbook's shared plots: the roofline, batch slots and tokens; the colours every plot uses
+(``labkit.measure.colors``).
 
 Introduced in notebook 00 (``00_setup_and_hardware``: ``plot_roofline``; one request's plots of notebook 01 and
 notebook 07's Gantt chart are in ``request_plots``). Notebook 03 adds ``plot_kv_memory``, notebook 06
@@ -23,17 +24,6 @@ from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullFor
 
 from labkit.measure.batching import SlotOccupancy, TokenCounts
 from labkit.measure.hardware import DeviceRoof
-
-# One colour per stage, the same in every plot of the workbook.
-STAGE_COLORS: dict[str, str] = {
-    "tokenize": "#8c564b",
-    "schedule": "#7f7f7f",
-    "prepare": "#ff7f0e",
-    "forward": "#1f77b4",
-    "sample": "#2ca02c",
-    "detokenize": "#9467bd",
-}
-PHASE_COLORS: dict[str, str] = {"prefill": "#d62728", "decode": "#1f77b4"}
 
 RooflinePoint = tuple[str, float, float]  # (label, arithmetic intensity FLOP/byte, achieved FLOP/s)
 

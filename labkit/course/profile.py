@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit.core.device import resolve_device
+from labkit.core.kv.paged_pool import kv_bytes_per_token
 from labkit.core.model.config import ModelConfig
 from labkit.core.model.presets import PRESETS
 
@@ -84,7 +85,7 @@ def sweep_bytes(config: ModelConfig, batch: int, prompt_len: int, decode_steps: 
     for prompt + decode tokens, and the prefill's temporaries (per token: the residual, the MLP's gate/up output,
     activation and product, K/V repeated for attention, times 1.5 for the allocator's fragmentation)."""
     weights = config.num_params * dtype_bytes
-    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_bytes
+    kv_per_token = kv_bytes_per_token(config, dtype_bytes)
     kv_cache = batch * (prompt_len + decode_steps + 1) * kv_per_token
     per_token = (config.hidden_size + 4 * config.intermediate_size
                  + 2 * config.num_attention_heads * config.head_dim) * dtype_bytes

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.axes import Axes
 
-from labkit.course.plots import PHASE_COLORS, STAGE_COLORS, new_ax
+from labkit.course.plots import new_ax
+from labkit.measure.colors import PHASE_COLORS, STAGE_COLORS
 from labkit.measure.profiling.request_trace import RequestTrace
 
 if TYPE_CHECKING:

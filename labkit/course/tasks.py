@@ -11,23 +11,9 @@ Introduced in notebook 00 (``00_setup_and_hardware``).
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Any
-
-
-def resolve(dotted: str) -> Any:
-    """``"labkit.a.b.C.f"`` -> the object: import the longest module prefix, then walk the attributes."""
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(f"cannot import {dotted!r}")
 
 
 @dataclass(frozen=True)
@@ -50,10 +36,10 @@ class Task:
         return bool(self.runs_inside)
 
     def load_checker(self) -> Any:
-        return resolve(self.checker)
+        return pkgutil.resolve_name(self.checker)
 
     def load_reference(self) -> Any:
-        return resolve(self.reference)
+        return pkgutil.resolve_name(self.reference)
 
 
 def _tasks(*tasks: Task) -> dict[str, Task]:
@@ -70,8 +56,8 @@ TASKS: dict[str, Task] = _tasks(
          "labkit.core.metrics.compute_latencies", 10,
          catches=("TPOT divided by all output tokens", "TTFT not measured from the arrival")),
     Task("02.top_p", "02_naive_generation", "top-p (nucleus) filtering",
-         "labkit.core.engine.sampler.apply_top_p", "labkit.course.ch02_naive_generation.check_top_p",
-         "labkit.core.engine.sampler.apply_top_p", 15,
+         "labkit.core.sampler.apply_top_p", "labkit.course.ch02_naive_generation.check_top_p",
+         "labkit.core.sampler.apply_top_p", 15,
          catches=("the token that crosses p dropped", "the filter left in sorted order")),
     Task("02.next_token", "02_naive_generation", "the next token",
          "labkit.core.engine.naive.NaiveEngine.next_token", "labkit.course.ch02_naive_generation.check_next_token",

@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import inspect
 import json
+import pkgutil
 import re
 import sys
 from pathlib import Path
@@ -64,8 +65,11 @@ def test_one_check_cell_per_task() -> None:
 
 def test_every_checker_is_used_by_a_notebook_task() -> None:
     defined = set()
-    for module_path in sorted(Path(labkit.course.__file__).parent.glob("ch*.py")):
-        module = importlib.import_module(f"labkit.course.{module_path.stem}")
+    chapters = [m.name for m in pkgutil.walk_packages(labkit.course.__path__, "labkit.course.")
+                if m.name.split(".")[2].startswith("ch")]  # one module or folder per chapter
+    assert len({name.split(".")[2] for name in chapters}) >= 14
+    for name in chapters:
+        module = importlib.import_module(name)
         defined |= {f"{module.__name__}.{name}" for name in dir(module)
                     if name.startswith("check_") and getattr(module, name).__module__ == module.__name__}
     assert defined == {t.checker_name for t in TASKS}, "a checker no notebook calls, or a task with no checker"

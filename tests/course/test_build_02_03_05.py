@@ -11,17 +11,17 @@ import torch
 
 from labkit.core.engine.kvcache import KVCacheEngine
 from labkit.core.engine.naive import NaiveEngine
-from labkit.core.engine.sampler import sample_row
 from labkit.core.kv.contiguous import ContiguousKVCache
 from labkit.core.model.attention import sdpa
+from labkit.core.sampler import sample_row
 from labkit.core.sched.stop import check_stop
 from labkit.core.sequence import Sequence
 from labkit.course import CheckResult, use_or_reference
 from labkit.course.ch02_naive_generation import check_next_token, check_stop_rule
-from labkit.course.ch02_naive_generation.naive_loop import STOP_MAX_MODEL_LEN, STOP_RULES
+from labkit.course.ch02_naive_generation.naive_loop import STOP_RULES
 from labkit.course.ch03_kv_cache import check_attend
 from labkit.course.ch05_static_batching import check_attention_mask, check_prepare_prefill
-from labkit.course.harness.engine_runs import reference_run
+from labkit.course.harness.runs import reference_run
 
 
 def subclass(base: type, name: str, **methods: Callable[..., Any]) -> type:
@@ -110,7 +110,7 @@ def stop_rule(seq: Sequence, off_by_one: bool = False, eos: bool = True, honour_
 
 
 def test_stop_rule_setup_exercises_every_rule() -> None:
-    ref = reference_run("naive", STOP_RULES, "labkit-tiny", (("max_model_len", STOP_MAX_MODEL_LEN),))
+    ref = reference_run(STOP_RULES)  # max_model_len 32
     got = {name: (o.finish_reason, o.stop_reason, len(o.token_ids)) for name, o in ref.outcomes.items()}
     assert got == {"R0": ("length", None, 5), "R1": ("stop", 951, 4), "R2": ("stop", None, 2),
                    "R3": ("length", None, 6), "R4": ("stop", "play", 4), "R5": ("length", None, 20)}

@@ -8,9 +8,11 @@ import re
 
 import pytest
 
-pytest.importorskip("triton")
+# labkit's Triton module first: on a machine without a GPU it chooses Triton's interpreter, which must happen
+# before triton itself is imported.
+pytest.importorskip("labkit.core.attention.triton_decode")
 
-import triton  # noqa: E402  (after labkit: conftest imported it, so the interpreter is chosen)
+import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from labkit.core.attention.triton_decode import TritonAttentionBackend  # noqa: E402

@@ -51,7 +51,7 @@ def test_a_crashing_solution_is_reported_not_raised() -> None:
 def test_ch02_top_p_checker() -> None:
     import torch
 
-    from labkit.core.engine.sampler import apply_top_p
+    from labkit.core.sampler import apply_top_p
     from labkit.course.ch02_naive_generation import check_top_p
 
     assert check_top_p(apply_top_p).passed

@@ -10,7 +10,7 @@ from labkit.core.sched.output import SchedulerOutput
 from labkit.course import use_or_reference
 from labkit.course.ch07_continuous_batching import ADMISSION_TRIAL, check_schedule_waiting
 from labkit.course.ch08_chunked_prefill import BUDGET_TRIAL, check_schedule_running
-from labkit.course.harness.scheduling import reference_trial, run_trial
+from labkit.course.harness.scheduler_records import reference_trial, run_trial
 
 # ---- notebook 07: the admission rule (schedule_waiting) ----
 
@@ -80,7 +80,7 @@ class NeverAdmits(Scheduler):
 
 def test_ch07_trial_exercises_every_limit_and_preempts() -> None:
     trial = reference_trial(ADMISSION_TRIAL)
-    assert trial.num_preemptions > 0
+    assert trial.run.num_preemptions > 0
     calls = [p.waiting for p in trial.plans if p.waiting is not None and p.waiting.queue]
     head_blocked = [c for c in calls if len(c.admitted) < len(c.queue)]
     stopped_by = {"slots": any(c.num_running_after == ADMISSION_TRIAL.max_num_seqs for c in head_blocked),
@@ -114,7 +114,7 @@ def test_ch07_checker_fails_planted_bugs(bug: type[Scheduler], message: str) -> 
 
 def test_ch07_a_stalled_run_ends_with_a_message() -> None:
     trial = run_trial(NeverAdmits, ADMISSION_TRIAL)
-    assert trial.stalled and "nothing was scheduled" in trial.stalled and "R0" in trial.stalled
+    assert trial.run.stalled and "nothing was scheduled" in trial.run.stalled and "R0" in trial.run.stalled
 
 
 # ---- notebook 08: the budget-filling rule (schedule_running) ----
@@ -189,7 +189,7 @@ def test_ch08_trial_chunks_a_long_prompt_among_decodes() -> None:
     trial = reference_trial(BUDGET_TRIAL)
     chunked = [p for p in trial.plans if p.prefilling and p.decoding]
     assert len(chunked) >= 2 and all(all(p.tokens[d] == 1 for d in p.decoding) for p in chunked)
-    assert max(s.num_computed_tokens for s in trial.step_stats) == BUDGET_TRIAL.max_num_batched_tokens
+    assert max(s.num_computed_tokens for s in trial.run.step_stats) == BUDGET_TRIAL.max_num_batched_tokens
 
 
 @pytest.mark.parametrize("cls", [Scheduler, Fills], ids=lambda c: c.__name__)
@@ -237,7 +237,8 @@ def test_a_crashing_rule_is_reported_with_its_line() -> None:
 
     result = check_schedule_running(Crashes)
     assert result.status == "failed"
-    assert "engine step 0: ZeroDivisionError raised while your schedule_running planned the step" in result.failures[0]
+    assert ("engine step 0 (while scheduling, before anything ran): your schedule_running raised ZeroDivisionError"
+            in result.failures[0])
     assert "line" in result.failures[0]
 
 
@@ -248,5 +249,5 @@ def test_a_function_instead_of_a_class_is_explained() -> None:
 
 def test_the_learners_class_is_the_one_the_engine_runs() -> None:
     trial = run_trial(Admits, ADMISSION_TRIAL)
-    assert trial.finished and trial.blocks_in_use_after == 0
+    assert trial.run.finished and trial.run.blocks_in_use_after == 0
     assert len(trial.plans) == len(reference_trial(ADMISSION_TRIAL).plans)

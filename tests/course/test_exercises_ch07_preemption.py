@@ -13,7 +13,7 @@ from labkit.core.sched.output import SchedulerOutput
 from labkit.core.sequence import Sequence, SequenceStatus
 from labkit.course import use_or_reference
 from labkit.course.ch07_continuous_batching import PREEMPTION_TRIALS, check_preemption
-from labkit.course.harness.scheduling import reference_trial
+from labkit.course.harness.scheduler_records import reference_trial
 
 Pick = Callable[[Scheduler, Sequence], Sequence]
 
@@ -77,7 +77,7 @@ def test_ch07_preemption_trials_preempt_often_both_ways_and_protect() -> None:
     seen = {"self": 0, "other": 0, "protected": 0, "recomputed in chunks": 0}
     for setup in PREEMPTION_TRIALS:
         trial = reference_trial(setup)
-        assert trial.num_preemptions >= 4, setup
+        assert trial.run.num_preemptions >= 4, setup
         victims: set[str] = set()
         for plan in trial.plans:
             # a request preempted before, now running part-way through its recompute

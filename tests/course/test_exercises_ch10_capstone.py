@@ -93,10 +93,11 @@ def builds_continuous(parts, model, **options):  # type: ignore[no-untyped-def]
 
 def test_capstone_workload_exercises_every_part() -> None:
     run = reference_run()
-    assert run.error is None and run.num_preemptions >= 2 and run.num_hit_tokens > 0
-    assert any("; " in s for s in run.steps), "some step preempted"
+    assert run.finished and run.num_preemptions >= 2 and run.num_hit_tokens > 0
+    steps = [s.describe() for s in run.steps]  # "R0: 1, R3: 13 (request: new tokens); R2 preempted"
+    assert any("; " in s for s in steps), "some step preempted"
     long_prompt = next(i for i, r in enumerate(CAPSTONE_REQUESTS) if r[1] > 16)
-    chunked = [s for s in run.steps if f"R{long_prompt}: " in s and s.count(": ") > 2]
+    chunked = [s for s in steps if f"R{long_prompt}: " in s and s.count(": ") > 2]
     assert chunked, "the long prompt is prefilled in chunks beside decodes"
 
 
@@ -114,7 +115,7 @@ def test_capstone_checker_passes_right_parts(parts: EngineParts) -> None:
     (build_engine, combine_parts(ChunkNotCapped, Slots),
      "engine step 3 ran R0: 1, R1: 1, R2: 1 (request: new tokens); R3 preempted; labkit's chunked ran R0: 1, R1: 1, "
      "R2: 1, R3: 13"),
-    (build_engine, combine_parts(ForgetsToRelease), "the engine's KV books did not balance"),
+    (build_engine, combine_parts(ForgetsToRelease), "the block manager's books did not balance"),
     (ignores_the_parts, combine_parts(Fills),
      "your engine runs Scheduler as its scheduler_cls, not Fills from parts: pass scheduler_cls=parts.scheduler_cls"),
     (builds_continuous, EngineParts(), "your engine is 'continuous'; the capstone runs engine 'chunked'"),

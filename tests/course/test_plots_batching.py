@@ -14,13 +14,13 @@ import pytest  # noqa: E402
 
 from labkit import LLM  # noqa: E402
 from labkit.course.plots import plot_slot_occupancy, plot_token_breakdown  # noqa: E402
-from labkit.course.workloads import load_workload, materialise, sampling_params_for  # noqa: E402
 from labkit.measure.batching import (  # noqa: E402
     TokenCounts,
     static_batch_occupancy,
     static_batches,
     static_batching_waste,
 )
+from labkit.measure.workloads import load_workload, materialise, sampling_params_for  # noqa: E402
 
 PROMPTS, OUTPUTS = [4, 2, 10, 1, 6], [1, 3, 1, 8, 2]
 

@@ -1,14 +1,14 @@
 """Checkers for notebook 02 (``02_naive_generation``).
 
-Task 1 mirrors ``labkit.core.engine.sampler.apply_top_p``: nucleus (top-p) filtering of one row of logits.
+Task 1 mirrors ``labkit.core.sampler.apply_top_p``: nucleus (top-p) filtering of one row of logits.
 
 Tasks 2 and 3 build engine ``naive``'s generation loop, run as ``LLM(..., engine=MyEngine)``: a ``NaiveEngine``
 subclass that overrides ``next_token`` (one forward pass over the whole sequence, then greedy or seeded sampling
 from the last position's logits; Task 2), and the stop rule ``check_stop(seq)`` (mirrors
 ``labkit.core.sched.stop.check_stop``; the engine calls it from its ``check_stop`` method; Task 3). Their checkers run
 the engine with the learner's part, watched call by call (``labkit.course.ch02_naive_generation.naive_loop``), on a few
-requests of the bundled model and compare greedy tokens with transformers', and every token, finish reason and stop
-reason with labkit's own engine.
+requests of the bundled model through the harness (``labkit.course.harness``), and compare greedy tokens with
+transformers', and every token, finish reason and stop reason with labkit's own engine.
 """
 
 from __future__ import annotations
@@ -23,21 +23,11 @@ from labkit.course import Check, CheckResult, run_checker
 from labkit.course.ch02_naive_generation.naive_loop import (
     GREEDY,
     SAMPLED,
-    STOP_MAX_MODEL_LEN,
     STOP_RULES,
-    compare_sampled,
     engine_with_stop_rule,
     watching_next_token,
 )
-from labkit.course.harness.engine_runs import (
-    compare_with_reference,
-    compare_with_transformers,
-    make_llm,
-    reference_run,
-    require_subclass,
-    run_setup,
-    stopped_early,
-)
+from labkit.course.harness.compare import check_setups, require_subclass
 
 _PROBS = [0.5, 0.25, 0.15, 0.07, 0.03]
 # (probabilities in vocabulary order, p, which tokens must survive)
@@ -80,14 +70,7 @@ def check_next_token(cls: type[NaiveEngine], model: str = "labkit-tiny") -> Chec
 
     def body(check: Check) -> None:
         engine = watching_next_token(require_subclass(cls, NaiveEngine, "class MyEngine(NaiveEngine): ..."))
-        llm = make_llm(engine, model)
-        run = run_setup(llm, GREEDY)
-        if (stopped_early(check, run, "next_token") or not compare_with_transformers(check, run, model)
-                or not compare_with_reference(check, run, reference_run("naive", GREEDY, model))):
-            return
-        run = run_setup(llm, SAMPLED)
-        if not stopped_early(check, run, "next_token"):
-            compare_sampled(check, run, model)
+        check_setups(check, (GREEDY, SAMPLED), model, "next_token", "labkit's own engine", engine=engine)
 
     return run_checker(
         "Task 2 (next_token)",
@@ -104,12 +87,7 @@ def check_stop_rule(fn: Callable[[Sequence], object], model: str = "labkit-tiny"
     def body(check: Check) -> None:
         if not callable(fn):
             raise TypeError(f"expected the stop rule as a function check_stop(seq), got {fn!r}")
-        llm = make_llm(engine_with_stop_rule(fn), model, max_model_len=STOP_MAX_MODEL_LEN)
-        run = run_setup(llm, STOP_RULES)
-        if stopped_early(check, run, "check_stop") or not compare_with_transformers(check, run, model):
-            return
-        compare_with_reference(check, run, reference_run("naive", STOP_RULES, model,
-                                                         (("max_model_len", STOP_MAX_MODEL_LEN),)))
+        check_setups(check, (STOP_RULES,), model, "check_stop", "labkit's own engine", engine=engine_with_stop_rule(fn))
 
     return run_checker(
         "Task 3 (check_stop)",

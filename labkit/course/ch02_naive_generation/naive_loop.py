@@ -4,9 +4,10 @@ Task 2 overrides ``NaiveEngine.next_token(seq) -> int``: one forward pass over t
 logits, and the next token from them, greedy or sampled with the request's parameters and its seeded generator.
 Task 3 writes the stop rule ``check_stop(seq)`` (``labkit.core.sched.stop.check_stop``): once a token is recorded,
 whether the request is done and why; engine ``naive`` calls it from ``NaiveEngine.check_stop``. Both run inside the
-real engine (``LLM(..., engine=MyEngine)``). Here: the requests the checkers (``labkit.course.ch02_naive_generation``)
-run, and the watching engines they run the learner's part in (a token must be returned, not appended; each stop decision
-is compared with labkit's rule at the very token it is made). Notebook 02.
+real engine (``LLM(..., engine=MyEngine)``). Here: the workloads the checkers (``labkit.course.ch02_naive_generation``)
+run through the harness (``labkit.course.harness``), and the watching engines they run the learner's part in (a token
+must be returned, not appended; each stop decision is compared with labkit's rule at the very token it is made).
+Notebook 02.
 """
 
 from __future__ import annotations
@@ -19,32 +20,30 @@ import torch
 from labkit.core.engine.naive import NaiveEngine
 from labkit.core.sched.stop import StopDecision, check_stop
 from labkit.core.sequence import FinishReason, Sequence
-from labkit.course import Check
-from labkit.course.harness.engine_runs import Mistake, Request, Run, Setup, compare_with_reference, reference_run
-from labkit.course.oracle import transformers_greedy
+from labkit.course.harness.runs import Mistake, Request, Setup
 
 # Shortest prompt first, so the first request that differs is the smallest failing case.
 GREEDY = Setup("3 greedy requests", (
     Request("R0", "The dog ran to the park. He saw", max_tokens=8),
     Request("R1", "Once upon a time, there was a little fox named Lily.", max_tokens=8),
     Request("R2", "One day, Tom found a red ball under the big tree. He", max_tokens=8),
-))
+), engine="naive")
 SAMPLED = Setup("3 sampled requests (seeded)", (
     Request("S0", "Lily was happy.", max_tokens=8, temperature=0.8, seed=1),
     Request("S1", "The dog ran to the park. He saw", max_tokens=8, temperature=1.3, top_k=20, seed=2),
     Request("S2", "The sun was hot. Tom was happy.", max_tokens=8, temperature=0.7, top_p=0.8, seed=3),
-))
+), engine="naive")
 # One request per stop rule, with max_model_len 32. Token 951 (" Finn") is R1's fourth greedy token; "One day"
 # continues with "." and then the end-of-turn token <|end|>; R4's text reaches "play" at its fourth token.
 STOP_MAX_MODEL_LEN = 32
-STOP_RULES = Setup("6 requests, one per stop rule (max_model_len 32)", (
+STOP_RULES = Setup("6 requests, one per stop rule", (
     Request("R0", "Lily was happy.", max_tokens=5, ignore_eos=False),
     Request("R1", "The dog ran to the park. He saw", max_tokens=12, stop_token_ids=(951,)),
     Request("R2", "One day", max_tokens=10, ignore_eos=False),
     Request("R3", "One day", max_tokens=6),
     Request("R4", "Lily was happy.", max_tokens=12, stop=("play",), ignore_eos=False),
     Request("R5", "The sun was hot. Tom was happy.", max_tokens=None),
-))
+), engine="naive", max_model_len=STOP_MAX_MODEL_LEN)
 
 
 def watching_next_token(cls: type[NaiveEngine]) -> type[NaiveEngine]:
@@ -70,13 +69,6 @@ def watching_next_token(cls: type[NaiveEngine]) -> type[NaiveEngine]:
 
     Watched.__name__ = Watched.__qualname__ = cls.__name__  # messages name the learner's class
     return Watched
-
-
-def drew_the_greedy_tokens(run_tokens: dict[str, list[int]], prompts: dict[str, list[int]], model: str) -> bool:
-    """Whether every sampled request produced exactly its greedy continuation (sampling ignored)."""
-    names = list(run_tokens)
-    greedy = transformers_greedy(model, [prompts[n] for n in names], max(len(t) for t in run_tokens.values()))
-    return all(run_tokens[n] == g[: len(run_tokens[n])] for n, g in zip(names, greedy))
 
 
 def as_decision(returned: object) -> StopDecision | None:
@@ -130,13 +122,3 @@ def engine_with_stop_rule(fn: Callable[[Sequence], object]) -> type[NaiveEngine]
 
     return MyEngine
 
-
-def compare_sampled(check: Check, run: Run, model: str) -> None:
-    """Seeded sampled requests must draw labkit's tokens; say so plainly if they drew the greedy ones instead."""
-    tokens = {n: o.token_ids for n, o in run.outcomes.items()}
-    if drew_the_greedy_tokens(tokens, {n: o.prompt_token_ids for n, o in run.outcomes.items()}, model):
-        check.expect(False, f"{run.setup.name}: every sampled request produced its greedy tokens. With temperature "
-                     "> 0 the next token is drawn from softmax(logits / temperature), after top-k and top-p, with "
-                     "the request's generator (seq.params, seq.generator)")
-        return
-    compare_with_reference(check, run, reference_run("naive", run.setup, model))

@@ -7,8 +7,9 @@ as the ``naive`` engine, which recomputes everything and needs no cache at all.
 
 Task 2 is a ``ContiguousKVCache`` subclass that overrides ``attend``: append this step's keys and values to the
 cache, then attend over every cached column with the cache's mask. Its checker runs engine ``kvcache`` with the
-learner's cache, compares every ``attend`` call with labkit's (``labkit.course.ch03_kv_cache.cache_attend``), then the
-tokens.
+learner's cache (the harness, ``labkit.course.harness``), compares every ``attend`` call with labkit's
+(``labkit.course.ch03_kv_cache.cache_attend``), then the tokens with transformers' and labkit's cache's.
+``KV_SETUPS`` are engine kvcache's workloads, run by notebook 05's checkers too.
 """
 
 from __future__ import annotations
@@ -20,14 +21,28 @@ import torch
 from labkit.core.kv.contiguous import ContiguousKVCache
 from labkit.course import Check, CheckResult, run_checker
 from labkit.course.ch03_kv_cache.cache_attend import watching_attend
-from labkit.course.harness.engine_runs import (
-    KV_ALONE,
-    KV_BATCHES,
-    KV_MAX_NUM_SEQS,
-    KV_SAMPLED,
-    check_runs,
-    make_llm,
-    require_subclass,
+from labkit.course.harness.compare import check_setups, require_subclass
+from labkit.course.harness.runs import Request, Setup
+
+# Engine kvcache's workloads, for notebook 03's cache and notebook 05's static batch alike: one request alone (no
+# padding), then static batches of 3 whose prompts and outputs differ in length (padding, finished rows still
+# computed, a second batch with a fresh cache), then seeded sampling.
+KV_MAX_NUM_SEQS = 3
+KV_SETUPS = (
+    Setup("1 greedy request alone", (Request("R0", "The dog ran to the park. He saw", max_tokens=8),),
+          engine="kvcache", max_num_seqs=KV_MAX_NUM_SEQS),
+    Setup("4 greedy requests in static batches of 3", (
+        Request("R0", "Lily was happy.", max_tokens=6),
+        Request("R1", "The dog ran to the park. He saw", max_tokens=4),
+        Request("R2", "One day, Tom found a red ball under the big tree. He", max_tokens=8),
+        Request("R3", "Once upon a time, there was a little fox named Lily.", max_tokens=5),
+    ), engine="kvcache", max_num_seqs=KV_MAX_NUM_SEQS),
+    Setup("3 sampled requests (seeded) in one static batch", (
+        Request("S0", "Lily was happy.", max_tokens=8, temperature=0.8, seed=1),
+        Request("S1", "The dog ran to the park. He saw", max_tokens=6, temperature=1.3, top_k=20, seed=2),
+        Request("S2", "One day, Tom found a red ball under the big tree. He", max_tokens=8, temperature=0.7,
+                top_p=0.8, seed=3),
+    ), engine="kvcache", max_num_seqs=KV_MAX_NUM_SEQS),
 )
 
 WriteKV = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -80,9 +95,7 @@ def check_attend(cls: type[ContiguousKVCache], model: str = "labkit-tiny") -> Ch
 
     def body(check: Check) -> None:
         cache = watching_attend(require_subclass(cls, ContiguousKVCache, "class MyKVCache(ContiguousKVCache): ..."))
-        llm = make_llm("kvcache", model, max_num_seqs=KV_MAX_NUM_SEQS, kv_cache_cls=cache)
-        check_runs(check, llm, (KV_ALONE, KV_BATCHES, KV_SAMPLED), "attend", model, "kvcache",
-                   (("max_num_seqs", KV_MAX_NUM_SEQS),))
+        check_setups(check, KV_SETUPS, model, "attend", "labkit's own cache", kv_cache_cls=cache)
 
     return run_checker(
         "Task 2 (attend)",

@@ -15,7 +15,7 @@ import torch
 from labkit.core.kv.contiguous import ContiguousKVCache
 from labkit.core.model.attention import sdpa
 from labkit.core.model.config import ModelConfig
-from labkit.course.harness.engine_runs import Mistake
+from labkit.course.harness.runs import Mistake
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

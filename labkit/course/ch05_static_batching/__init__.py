@@ -7,7 +7,9 @@ against a cell-by-cell count of the slot-occupancy grid (``labkit.measure.batchi
 Tasks 2 and 3 build the static batch inside engine ``kvcache``: a ``KVCacheEngine`` subclass overriding
 ``prepare_prefill`` (left padding, positions, which columns are real; ``LLM(..., engine=MyEngine)``) and a
 ``ContiguousKVCache`` subclass overriding ``attention_mask`` (padding and the future hidden; ``kv_cache_cls=``).
-Their checkers compare every call with labkit's (``labkit.course.ch05_static_batching.static_batch``), then the tokens.
+Their checkers run notebook 03's workloads (``labkit.course.ch03_kv_cache.KV_SETUPS``) through the harness
+(``labkit.course.harness``), compare every call with labkit's (``labkit.course.ch05_static_batching.static_batch``),
+then the tokens with transformers' and labkit's.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from typing import Any
 from labkit.core.engine.kvcache import KVCacheEngine
 from labkit.core.kv.contiguous import ContiguousKVCache
 from labkit.course import Check, CheckResult, run_checker
+from labkit.course.ch03_kv_cache import KV_SETUPS
 from labkit.course.ch05_static_batching.static_batch import (
-    OPTIONS,
-    SETUPS,
-    check_mask_cases,
+    expect_mask_cases,
     watching_attention_mask,
     watching_prepare_prefill,
 )
-from labkit.course.harness.engine_runs import KV_MAX_NUM_SEQS, check_runs, make_llm, require_subclass
+from labkit.course.harness.compare import check_setups, require_subclass
 from labkit.measure.batching import static_batch_occupancy
 
 # (prompt_lens, output_lens) of one static batch -> (computed, useful), counted by hand:
@@ -82,8 +83,7 @@ def check_prepare_prefill(cls: type[KVCacheEngine], model: str = "labkit-tiny") 
 
     def body(check: Check) -> None:
         engine = watching_prepare_prefill(require_subclass(cls, KVCacheEngine, "class MyEngine(KVCacheEngine): ..."))
-        check_runs(check, make_llm(engine, model, max_num_seqs=KV_MAX_NUM_SEQS), SETUPS, "prepare_prefill", model,
-                   "kvcache", OPTIONS)
+        check_setups(check, KV_SETUPS, model, "prepare_prefill", "labkit's own engine", engine=engine)
 
     return run_checker(
         "Task 2 (prepare_prefill)",
@@ -99,9 +99,9 @@ def check_attention_mask(cls: type[ContiguousKVCache], model: str = "labkit-tiny
 
     def body(check: Check) -> None:
         cache = require_subclass(cls, ContiguousKVCache, "class MyCache(ContiguousKVCache): ...")
-        if check_mask_cases(check, cache, model):
-            llm = make_llm("kvcache", model, max_num_seqs=KV_MAX_NUM_SEQS, kv_cache_cls=watching_attention_mask(cache))
-            check_runs(check, llm, SETUPS, "attention_mask", model, "kvcache", OPTIONS)
+        if expect_mask_cases(check, cache, model):
+            check_setups(check, KV_SETUPS, model, "attention_mask", "labkit's own cache",
+                         kv_cache_cls=watching_attention_mask(cache))
 
     return run_checker(
         "Task 3 (attention_mask)",

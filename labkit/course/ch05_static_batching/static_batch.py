@@ -17,10 +17,7 @@ from labkit.core.kv.contiguous import ContiguousKVCache
 from labkit.core.model.source import resolve_model_source
 from labkit.core.sequence import Sequence
 from labkit.course import Check
-from labkit.course.harness.engine_runs import KV_ALONE, KV_BATCHES, KV_MAX_NUM_SEQS, KV_SAMPLED, Mistake
-
-SETUPS = (KV_ALONE, KV_BATCHES, KV_SAMPLED)
-OPTIONS = (("max_num_seqs", KV_MAX_NUM_SEQS),)
+from labkit.course.harness.runs import Mistake
 
 
 def row_problem(i: int, seq: Sequence, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
@@ -162,7 +159,7 @@ def watching_attention_mask(cls: type[ContiguousKVCache]) -> type[ContiguousKVCa
     return Watched
 
 
-def check_mask_cases(check: Check, cls: type[ContiguousKVCache], model: str) -> bool:
+def expect_mask_cases(check: Check, cls: type[ContiguousKVCache], model: str) -> bool:
     """The hand-made steps of ``MASK_CASES``, on a cache of ``cls``; False at the first wrong mask."""
     config = resolve_model_source(model).config
     for what, rows, start in MASK_CASES:

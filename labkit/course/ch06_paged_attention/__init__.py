@@ -11,8 +11,8 @@ Both tasks are ``BlockManager`` subclasses that the real engine runs (``LLM(...,
   ``paged`` engine with prefix caching on: on prompts that share prefixes, every request must find as
   many prompt tokens in the cache as with labkit's block manager, and produce the same tokens.
 
-The notebook's two Build tasks have their own modules: the block manager (``ch06_block_manager``) and paged
-attention (``ch06_attention``), both run inside the engine by ``ch06_runs``.
+The notebook's two Build tasks have their own modules: the block manager (``block_manager``) and paged attention
+(``attention``), both run inside the engine by the harness (``labkit.course.harness``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from labkit.core.kv.block_manager import BlockManager, hash_block
 from labkit.course import Check, CheckResult, run_checker
+from labkit.course.harness.compare import require_subclass
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -34,10 +35,7 @@ PROMPTS = ["Once upon a time, there was a little fox named Lily.", "The dog ran 
 
 def require_block_manager(cls: object) -> type[BlockManager]:
     """The learner's class, or a clear error if it is not a BlockManager subclass."""
-    if not (isinstance(cls, type) and issubclass(cls, BlockManager)):
-        raise TypeError(f"expected a subclass of labkit.BlockManager (class MyBlockManager(BlockManager): ...), "
-                        f"got {cls!r}")
-    return cls
+    return require_subclass(cls, BlockManager, "class MyBlockManager(BlockManager): ...", "labkit.BlockManager")
 
 
 def table(block_table: list[int]) -> SimpleNamespace:
@@ -115,7 +113,7 @@ def first_difference(got: list[int], want: list[int]) -> int:
 def shared_prefix_prompts(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     """Prompts that share prefixes in blocks of 4: a system prompt of 3 full blocks reused by three requests,
     and two prompts that hold the same block after *different* first blocks (only a chained hash tells them apart)."""
-    from labkit.course.workloads import prompt_ids_of_length
+    from labkit.measure.workloads import prompt_ids_of_length
 
     system = prompt_ids_of_length(tokenizer, 12, seed=1)
     other = prompt_ids_of_length(tokenizer, 24, seed=2)

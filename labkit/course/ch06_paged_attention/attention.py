@@ -6,7 +6,8 @@ their slots, then let every new token attend to its own sequence's context, read
 by mistake shows), on a single decode, a ragged batch of decodes and a batch mixing prefill chunks with decodes,
 and compares with a plain per-sequence softmax; a mismatch is diagnosed (new K/V not written, attended before
 writing, slots past the context, wrong KV head). Then it runs engines ``continuous`` and ``chunked`` with
-``LLM(..., attention_backend=...)`` and compares the greedy tokens with transformers and with labkit's backend.
+``LLM(..., attention_backend=...)`` through the harness (``labkit.course.harness``) and compares the greedy tokens
+with transformers and every run with labkit's backend.
 Notebook 06 (``06_paged_attention``).
 """
 
@@ -22,7 +23,8 @@ import torch
 from labkit.core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.course import Check, CheckResult, run_checker
-from labkit.course.harness.paged_runs import RunRequest, RunSetup, compare_in_engines, compare_tokens, prompt
+from labkit.course.harness.compare import check_setups, require_subclass
+from labkit.course.harness.runs import Request, Setup, prompt
 
 N_HEADS, N_KV, D, BS = 8, 2, 8, 4  # GQA: query heads 0-3 read KV head 0, heads 4-7 read KV head 1
 LAYER = 1  # attend is called for layer 1: layer 0 of the pool must stay untouched
@@ -43,10 +45,8 @@ TOL = 1e-5
 
 def require_backend(cls: object) -> type[PagedAttentionBackend]:
     """The learner's class, or a clear error if it is not an attention backend."""
-    if not (isinstance(cls, type) and issubclass(cls, PagedAttentionBackend)):
-        raise TypeError(f"expected a subclass of labkit's TorchAttentionBackend (class MyAttention("
-                        f"TorchAttentionBackend): ... with an attend method), got {cls!r}")
-    return cls
+    return require_subclass(cls, PagedAttentionBackend, "class MyAttention(TorchAttentionBackend): ... with an attend "
+                            "method", "labkit's TorchAttentionBackend")
 
 
 def hand_pool(seed: int) -> PagedKVPool:
@@ -151,15 +151,16 @@ def direct_case(check: Check, cls: type[PagedAttentionBackend], index: int) -> N
 
 
 @functools.lru_cache(maxsize=4)
-def workloads(model: str = "labkit-tiny") -> tuple[RunSetup, ...]:
+def workloads(model: str = "labkit-tiny") -> tuple[Setup, ...]:
     """Ragged prompts with a cached prefix (continuous), and chunked prefills beside decodes (chunked)."""
-    lens = (17, 5, 30)
-    reqs = tuple(RunRequest(f"R{i}", prompt(model, n, seed=40 + i), 8) for i, n in enumerate(lens))
-    reqs += (RunRequest("P", reqs[0].prompt[:12] + prompt(model, 16, seed=50)[-6:], 8, arrival_step=2),)
-    chunked = tuple(RunRequest(f"R{i}", prompt(model, n, seed=60 + i), 8, arrival_step=i % 2)
+    prompts = [prompt(model, n, seed=40 + i) for i, n in enumerate((17, 5, 30))]
+    reqs = tuple(Request(f"R{i}", p, 8) for i, p in enumerate(prompts))
+    reqs += (Request("P", prompts[0][:12] + prompt(model, 16, seed=50)[-6:], 8, arrival_step=2),)  # R0's 3 blocks
+    chunked = tuple(Request(f"R{i}", prompt(model, n, seed=60 + i), 8, arrival_step=i % 2)
                     for i, n in enumerate((30, 9, 21)))
-    return (RunSetup("ragged prompts and a cached prefix", "continuous", reqs, enable_prefix_caching=True),
-            RunSetup("prefill chunks beside decodes", "chunked", chunked, max_num_batched_tokens=16))
+    pool = dict(max_num_seqs=4, block_size=4, num_gpu_blocks=64)
+    return (Setup("ragged prompts and a cached prefix", reqs, "continuous", enable_prefix_caching=True, **pool),
+            Setup("prefill chunks beside decodes", chunked, "chunked", max_num_batched_tokens=16, **pool))
 
 
 def check_paged_attention(cls: type[PagedAttentionBackend], model: str = "labkit-tiny") -> CheckResult:
@@ -172,9 +173,8 @@ def check_paged_attention(cls: type[PagedAttentionBackend], model: str = "labkit
                 direct_case(check, cls_, index)
             if check.result.failures:
                 return  # the smallest failing case
-        compare_in_engines(check, {"attention_backend": cls_}, "attention backend", workloads(model),
-                           functools.partial(compare_tokens, model=model, reference="labkit's attention backend"),
-                           model)
+        check_setups(check, workloads(model), model, "attention backend", "labkit's attention backend", every=True,
+                     attention_backend=cls_)
 
     return run_checker(
         "Build: paged attention",

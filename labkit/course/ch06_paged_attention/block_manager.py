@@ -5,7 +5,9 @@ whenever the last one is full), ``free`` (reference counts, last block first) an
 chain), on top of labkit's helpers. ``check_block_manager`` first tries small cases on a fresh manager (each
 failure names the case, the block and what was expected), then runs engines ``paged`` and ``continuous`` with
 the class (``LLM(..., block_manager_cls=...)``) on workloads with shared prefixes, parallel sampling and a pool
-small enough to force preemption, and compares every run with labkit's own block manager and transformers.
+small enough to force preemption, through the harness (``labkit.course.harness``), and compares every run with
+labkit's own block manager (tokens, prefix-cache hits, copies, preemptions, the KV blocks in use at every step) and
+transformers.
 Notebook 06 (``06_paged_attention``).
 """
 
@@ -21,14 +23,8 @@ from labkit.core.sequence import Sequence
 from labkit.core.text.detokenizer import IncrementalDetokenizer
 from labkit.course import Check, CheckResult, run_checker
 from labkit.course.ch06_paged_attention import require_block_manager
-from labkit.course.harness.paged_runs import (
-    RunRecord,
-    RunRequest,
-    RunSetup,
-    compare_in_engines,
-    compare_tokens,
-    prompt,
-)
+from labkit.course.harness.compare import check_setups
+from labkit.course.harness.runs import Request, Setup, prompt
 
 BS = 4  # block size of every by-hand case: small enough to count blocks in one's head
 TOKENS = list(range(100, 112))  # a 12-token prompt the by-hand cases cut from
@@ -225,44 +221,25 @@ CASES = (case_new_and_growing, case_free, case_copy_on_write, case_prefix, case_
 
 
 @functools.lru_cache(maxsize=4)
-def workloads(model: str = "labkit-tiny") -> tuple[RunSetup, ...]:
+def workloads(model: str = "labkit-tiny") -> tuple[Setup, ...]:
     """Shared prefixes with parallel sampling (paged and continuous), and a pool small enough to preempt."""
     system = prompt(model, 12, seed=1)
     other = prompt(model, 8, seed=2)
     questions = [prompt(model, 16, seed=10 + i)[-6:] for i in range(3)]
-    shared = (RunRequest("A", system + questions[0], 6),
-              RunRequest("S", prompt(model, 10, seed=3), 6, n=3, temperature=0.8, seed=7),  # forks + copy-on-write
-              RunRequest("B", system + questions[1], 6, arrival_step=3),  # hits the system prompt's 3 blocks
-              RunRequest("C", other[:4] + system[4:] + questions[2], 6, arrival_step=3),  # first block differs
-              RunRequest("D", system, 6, arrival_step=3),  # all full blocks cached: the last one is recomputed
-              RunRequest("E", system + questions[0], 6, arrival_step=3))  # A's prompt again
-    tight = tuple(RunRequest(f"R{i}", prompt(model, 9 + 3 * i, seed=20 + i), 14) for i in range(4))
-    tight += (RunRequest("T", prompt(model, 10, seed=30), 10, n=2, temperature=1.0, seed=3, arrival_step=2),)
-    return (RunSetup("shared prefixes and n=3 sampling", "paged", shared, enable_prefix_caching=True),
-            RunSetup("shared prefixes and n=3 sampling", "continuous", shared, enable_prefix_caching=True),
-            RunSetup("a pool too small for every request (preemption)", "continuous", tight, num_gpu_blocks=12))
-
-
-def compare_run(check: Check, run: RunRecord, ref: RunRecord, model: str) -> None:
-    """A finished run with the learner's class against labkit's block manager (and transformers, where greedy)."""
-    where = run.setup.describe()
-    check.expect(run.shared_write is None, f"{where}: {run.shared_write}")
-    check.expect(run.blocks_in_use_after == 0, f"{where}: {run.blocks_in_use_after} KV block(s) were still in use "
-                 "after every request finished: a leak (free gives back one reference per block)")
-    compare_tokens(check, run, ref, model, "labkit's block manager (same seeds)")
-    for name, want_n in ref.num_cached_tokens.items():
-        got_n = run.num_cached_tokens.get(name)
-        check.expect(got_n == want_n, f"{where}: {name} found {got_n} prompt tokens in the prefix cache; with "
-                     f"labkit's block manager {want_n}")
-    check.expect(run.num_preemptions == ref.num_preemptions, f"{where}: {run.num_preemptions} preemption(s); with "
-                 f"labkit's block manager {ref.num_preemptions}")
-    check.expect(run.num_copies == ref.num_copies, f"{where}: copy-on-write copied {run.num_copies} block(s); "
-                 f"labkit's block manager {ref.num_copies}")
-    for got, want_step in zip(run.steps, ref.steps):
-        if got.used_blocks != want_step.used_blocks:
-            check.expect(False, f"{where}: after engine step {got.step} (it ran {run.ran_in(got.step)}) "
-                         f"{got.used_blocks} KV blocks were in use; labkit's block manager: {want_step.used_blocks}")
-            break
+    shared = (Request("A", system + questions[0], 6),
+              Request("S", prompt(model, 10, seed=3), 6, n=3, temperature=0.8, seed=7),  # forks + copy-on-write
+              Request("B", system + questions[1], 6, arrival_step=3),  # hits the system prompt's 3 blocks
+              Request("C", other[:4] + system[4:] + questions[2], 6, arrival_step=3),  # first block differs
+              Request("D", system, 6, arrival_step=3),  # all full blocks cached: the last one is recomputed
+              Request("E", system + questions[0], 6, arrival_step=3))  # A's prompt again
+    tight = tuple(Request(f"R{i}", prompt(model, 9 + 3 * i, seed=20 + i), 14) for i in range(4))
+    tight += (Request("T", prompt(model, 10, seed=30), 10, n=2, temperature=1.0, seed=3, arrival_step=2),)
+    pool = dict(max_num_seqs=4, block_size=4)
+    return (Setup("shared prefixes and n=3 sampling", shared, "paged", num_gpu_blocks=64, enable_prefix_caching=True,
+                  **pool),
+            Setup("shared prefixes and n=3 sampling", shared, "continuous", num_gpu_blocks=64,
+                  enable_prefix_caching=True, **pool),
+            Setup("a pool too small for every request (preemption)", tight, "continuous", num_gpu_blocks=12, **pool))
 
 
 def check_block_manager(cls: type[BlockManager], model: str = "labkit-tiny") -> CheckResult:
@@ -274,8 +251,10 @@ def check_block_manager(cls: type[BlockManager], model: str = "labkit-tiny") -> 
             case(check, cls_)
             if check.result.failures:
                 return  # the smallest failing case is enough: the later ones build on it
-        compare_in_engines(check, {"block_manager_cls": cls_}, "block manager", workloads(model),
-                           functools.partial(compare_run, model=model), model)
+        # Every problem of a run, not only the first: a missing copy-on-write also shows in the copies and the
+        # blocks in use, which tells the learner where to look.
+        check_setups(check, workloads(model), model, "block manager", "labkit's block manager", every=True,
+                     block_manager_cls=cls_)
 
     return run_checker(
         "Build: the block manager",

@@ -5,11 +5,11 @@ first served while a slot, the token budget and the KV blocks allow; the first r
 admission). The checker runs engine ``continuous`` with the learner's class (``LLM(..., scheduler_cls=...)``) on a
 workload whose KV pool is small enough for preemption to happen, then engine ``chunked`` on the same workload (the
 rule is the same; a prompt that does not fit whole joins with a chunk, ``num_tokens_to_schedule``, so the rule runs
-in notebook 10's capstone too), and reads every step's admission (``labkit.course.harness.trial_records``): admitted
-requests are a prefix of the queue, no more than ``max_num_seqs`` run, admissions fit the budget and take what
-``num_tokens_to_schedule`` allows (a whole prompt in ``continuous``), and a request left waiting did not fit. Then
-the run must match labkit's own scheduler: the same greedy tokens, the same batch at every step, and no KV block
-left in use.
+in notebook 10's capstone too), through the harness (``labkit.course.harness``), and reads every step's admission
+(``labkit.course.harness.scheduler_records``): admitted requests are a prefix of the queue, no more than
+``max_num_seqs`` run, admissions fit the budget and take what ``num_tokens_to_schedule`` allows (a whole prompt in
+``continuous``), and a request left waiting did not fit. Then the run must match labkit's own scheduler and
+transformers: the same greedy tokens, the same batch at every step, and no KV block left in use.
 
 Task 2 is a ``Scheduler`` subclass that overrides ``Scheduler.reserve`` and ``Scheduler.preempt``: preemption by
 recompute. The checker runs three trials whose pools are small enough for several preemptions (engine
@@ -29,18 +29,17 @@ from labkit.core.kv.block_manager import PoolExhausted
 from labkit.core.sched.scheduler import Scheduler
 from labkit.course import Check, CheckResult, run_checker
 from labkit.course.ch07_continuous_batching.preemption import reserve_problem
-from labkit.course.harness.scheduling import TrialRequest, TrialSetup, run_trial
-from labkit.course.harness.trial_checks import check_run, require_scheduler, show
-from labkit.course.harness.trial_records import WaitingCall
+from labkit.course.harness.compare import expect_run
+from labkit.course.harness.runs import Setup, requests_of_lengths
+from labkit.course.harness.scheduler_records import WaitingCall, require_scheduler, run_trial, show
 
 # Three slots, a 64-token budget and 12 blocks of 8 tokens: each limit stops admission at some step, a small
 # request waits behind a big one, and the pool runs dry mid-generation (preemptions). Then the same in engine
 # chunked with a 32-token budget: prompts that do not fit whole join with a chunk.
-ADMISSION_TRIAL = TrialSetup(
-    engine="continuous",
-    requests=(TrialRequest(24, 12), TrialRequest(20, 8), TrialRequest(30, 10), TrialRequest(8, 6),
-              TrialRequest(36, 4), TrialRequest(12, 10), TrialRequest(6, 3)),
-    max_num_seqs=3, max_num_batched_tokens=64, block_size=8, num_gpu_blocks=12,
+ADMISSION_TRIAL = Setup(
+    "7 requests, each limit in turn",
+    requests_of_lengths((24, 12, 0), (20, 8, 0), (30, 10, 0), (8, 6, 0), (36, 4, 0), (12, 10, 0), (6, 3, 0)),
+    engine="continuous", max_num_seqs=3, max_num_batched_tokens=64, block_size=8, num_gpu_blocks=12,
 )
 ADMISSION_TRIALS = (ADMISSION_TRIAL, replace(ADMISSION_TRIAL, engine="chunked", max_num_batched_tokens=32))
 
@@ -104,8 +103,7 @@ def check_schedule_waiting(cls: type[Scheduler], model: str = "labkit-tiny") -> 
                 if problem:
                     check.expect(False, f"engine chunked, {problem}" if chunked else problem)
                     return
-            check_run(check, trial, "schedule_waiting", model)
-            if check.result.failures:
+            if not expect_run(check, trial.run, model, "schedule_waiting", "labkit's scheduler"):
                 return
 
     return run_checker(
@@ -117,24 +115,21 @@ def check_schedule_waiting(cls: type[Scheduler], model: str = "labkit-tiny") -> 
     )
 
 
-def requests(*lengths: tuple[int, int, int]) -> tuple[TrialRequest, ...]:
-    return tuple(TrialRequest(p, o, arrival) for p, o, arrival in lengths)
-
-
 # (prompt tokens, output tokens, arrival step), R0, R1, ... in order of arrival. Blocks of 4 tokens in pools of 14-15:
 # requests outgrow the pool while they decode. Each trial preempts 4-5 times, the newest request giving way both
 # to an older one and to itself; chunked recomputes in chunks; with async scheduling the launched step's requests
 # are protected (reserve then gives up) several times.
 PREEMPTION_TRIALS = (
-    TrialSetup(engine="continuous",
-               requests=requests((5, 11, 0), (18, 9, 0), (6, 17, 0), (11, 16, 3), (23, 17, 3), (15, 12, 3)),
-               max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=14),
-    TrialSetup(engine="chunked",
-               requests=requests((14, 15, 0), (12, 15, 0), (4, 13, 0), (24, 15, 0), (15, 17, 3), (22, 8, 3)),
-               max_num_seqs=4, max_num_batched_tokens=32, block_size=4, num_gpu_blocks=14),
-    TrialSetup(engine="chunked",
-               requests=requests((11, 10, 0), (19, 12, 0), (21, 12, 0), (13, 16, 0), (17, 14, 2), (13, 17, 3)),
-               max_num_seqs=4, max_num_batched_tokens=48, block_size=4, num_gpu_blocks=15, async_scheduling=True),
+    Setup("6 requests outgrowing the pool",
+          requests_of_lengths((5, 11, 0), (18, 9, 0), (6, 17, 0), (11, 16, 3), (23, 17, 3), (15, 12, 3)),
+          engine="continuous", max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=14),
+    Setup("6 requests outgrowing the pool",
+          requests_of_lengths((14, 15, 0), (12, 15, 0), (4, 13, 0), (24, 15, 0), (15, 17, 3), (22, 8, 3)),
+          engine="chunked", max_num_seqs=4, max_num_batched_tokens=32, block_size=4, num_gpu_blocks=14),
+    Setup("6 requests outgrowing the pool",
+          requests_of_lengths((11, 10, 0), (19, 12, 0), (21, 12, 0), (13, 16, 0), (17, 14, 2), (13, 17, 3)),
+          engine="chunked", max_num_seqs=4, max_num_batched_tokens=48, block_size=4, num_gpu_blocks=15,
+          async_scheduling=True),
 )
 
 
@@ -152,8 +147,7 @@ def check_preemption(cls: type[Scheduler], model: str = "labkit-tiny") -> CheckR
                     if problem:
                         check.expect(False, problem)
                         return
-            check_run(check, trial, "reserve/preempt", model, oracle=True)
-            if check.result.failures:
+            if not expect_run(check, trial.run, model, "reserve/preempt", "labkit's scheduler"):
                 return
 
     return run_checker(

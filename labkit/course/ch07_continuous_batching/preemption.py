@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from labkit.core.kv.block_manager import PoolExhausted
 from labkit.core.sequence import SequenceStatus
-from labkit.course.harness.trial_records import PreemptCall, ReserveCall
+from labkit.course.harness.scheduler_records import PreemptCall, ReserveCall
 
 
 def asked(call: ReserveCall) -> str:

@@ -1,10 +1,10 @@
 """The capstone's benchmark: your engine, labkit's ``chunked`` and transformers' ``generate``, on one workload.
 
 Each contender is a function that runs the whole workload once and returns every request's output tokens.
-``interleaved_rounds`` runs them round after round, rotating who goes first, so that a noisy neighbour or a CPU
-warming up hits every contender alike; the device is synchronised before the clock is read. Throughput is the
-workload's output tokens over the wall time of a round, and every ratio comes from the rounds of that one run
-(DESIGN.md section 7: compare side by side in one run, report ratios, name the hardware).
+``interleaved_rounds`` runs them round after round with ``labkit.measure.rounds.interleave``, rotating who goes first,
+so that a noisy neighbour or a CPU warming up hits every contender alike; the device is synchronised before the clock
+is read. Throughput is the workload's output tokens over the wall time of a round, and every ratio comes from the
+rounds of that one run: benchmarks compare side by side in one run, report ratios and name the hardware.
 
 transformers' side is how ``scripts/bench_engines.py`` runs it: ``generate`` on batches of ``max_num_seqs`` prompts
 in arrival order, left-padded, each batch run until its longest request is done, EOS neither stopping a row nor being
@@ -14,14 +14,14 @@ masked out (labkit's ``ignore_eos``). Introduced in notebook 10 (``10_profiling_
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from labkit.core.device import resolve_device, resolve_dtype, synchronize
+from labkit.core.device import resolve_device, resolve_dtype
+from labkit.measure.rounds import interleave
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -68,19 +68,16 @@ class Rounds:
 def interleaved_rounds(contenders: dict[str, Contender], output_tokens: int, num_rounds: int,
                        device: str | torch.device = "cpu", progress: bool = True) -> Rounds:
     """Run every contender once per round, rotating the order, timing each with the device synchronised."""
-    from tqdm.auto import tqdm
 
-    dev = resolve_device(device)
-    rounds = Rounds(output_tokens, {name: [] for name in contenders})
-    names = list(contenders)
-    for r in tqdm(range(num_rounds), desc="rounds", disable=not progress):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            synchronize(dev)
-            start = time.perf_counter()
-            contenders[name]()
-            synchronize(dev)
-            rounds.seconds[name].append(time.perf_counter() - start)
-    return rounds
+    def without_tokens(run: Contender) -> Callable[[], None]:
+        def timed() -> None:
+            run()  # interleave keeps what a contender returns as its metrics: output tokens are none
+
+        return timed
+
+    timed = interleave({name: without_tokens(run) for name, run in contenders.items()}, num_rounds, warmup=0,
+                       device=resolve_device(device), progress=progress, check_load=False)
+    return Rounds(output_tokens, {name: timed.get(name, "seconds") for name in contenders})
 
 
 def llm_contender(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> Contender:

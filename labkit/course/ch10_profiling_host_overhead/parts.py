@@ -139,7 +139,7 @@ def notebook_files(folder: Path | None = None) -> list[Path]:
     return [folder / f"{name}.ipynb" for name in names if (folder / f"{name}.ipynb").is_file()]
 
 
-def check_call(tree: ast.Module) -> tuple[str, str, str] | None:
+def find_check_call(tree: ast.Module) -> tuple[str, str, str] | None:
     """(candidate, checker, reference) names of ``X = use_or_reference(check_x(X), X, Reference)``."""
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "use_or_reference"
@@ -176,7 +176,7 @@ def read_notebook(path: Path) -> Iterator[Part]:
                     exec(compile(ast.Module([node], []), filename, "exec"), namespace)
                 except Exception:  # e.g. a class whose base another cell never defined: the check will say
                     pass
-        call = check_call(tree)
+        call = find_check_call(tree)
         if call is not None:
             calls.append((task, call))
     for task, (name, checker, reference) in calls:

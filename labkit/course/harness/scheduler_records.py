@@ -1,21 +1,27 @@
-"""What a scheduler trial records about each rule call, step by step, and the subclass that records it.
+"""What a learner's scheduler did at every step, recorded by a subclass that runs its rules unchanged.
 
-``recording(cls, plans, labels)`` returns ``cls`` with every planning step noted into ``plans``: the queues
-before planning, what ``schedule_running`` and ``schedule_waiting`` were given and scheduled, and every
-``reserve`` and ``preempt`` call with the state around it (who ran, in what order, what this step had already
-scheduled, the free blocks, the queue afterwards). The learner's rules run unchanged inside it; the checkers
-of notebooks 07 and 08 read the records to name the step, the request and what was expected.
-Notebooks 07-08.
+The scheduler tasks of notebooks 07 and 08 are ``Scheduler`` subclasses that override one or two rules
+(``schedule_waiting``; ``reserve`` and ``preempt``; ``schedule_running``). ``run_trial(cls, setup)`` runs a harness
+setup (``labkit.course.harness.runs``) with ``recording(cls, plans, names)`` as the engine's ``scheduler_cls``: every
+planning step is noted into ``plans``, the queues before planning, what ``schedule_running`` and ``schedule_waiting``
+were given and scheduled, and every ``reserve`` and ``preempt`` call with the state around it (who ran, in what order,
+what this step had already scheduled, the free blocks, the queue afterwards). The chapters' checkers read the records
+for the rule's invariants, so a failure names the step, the request and what was expected, then compare the run with
+labkit's scheduler (``labkit.course.harness.compare``). Notebooks 07-08.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.sched.output import SchedulerOutput
 from labkit.core.sched.scheduler import Scheduler
 from labkit.core.sequence import Sequence, SequenceStatus
+from labkit.course.harness.compare import require_subclass
+from labkit.course.harness.runs import Run, Setup, run_setup
 
 
 @dataclass
@@ -105,6 +111,16 @@ class StepPlan:
     reserves: list[ReserveCall] = field(default_factory=list)
 
 
+def require_scheduler(cls: object) -> type[Scheduler]:
+    """The learner's class, or a clear error if it is not a Scheduler subclass."""
+    return require_subclass(cls, Scheduler, "class MyScheduler(Scheduler): ...", "labkit.Scheduler")
+
+
+def show(tokens: dict[str, int]) -> str:
+    """'R0: 1, R3: 13' (request: new tokens), or 'nothing'."""
+    return ", ".join(f"{name}: {n}" for name, n in tokens.items()) or "nothing"
+
+
 def label_of(labels: dict[int, str], seq: Sequence) -> str:
     return labels.get(seq.seq_id, f"seq {seq.seq_id}")
 
@@ -177,8 +193,8 @@ def recording(cls: type[Scheduler], plans: list[StepPlan], labels: dict[int, str
                 head = self.waiting[0]
                 num_new, _, cached = blocks_to_join(bm, head)
                 n = Scheduler.num_tokens_to_schedule(self, num_new, call.budget_left)  # labkit's: whole, or a chunk
-                if (not head.can_fork and not head.waits_for_parent and len(self.running) < self.max_num_seqs
-                        and n > 0 and bm.can_allocate(head, n, cached)):
+                if (not self.can_fork(head) and not self.waits_for_parent(head)
+                        and len(self.running) < self.max_num_seqs and n > 0 and bm.can_allocate(head, n, cached)):
                     blocks = bm.blocks_needed(len(cached) * bm.block_size + n) - len(cached)
                     call.head_fit = (label_of(labels, head), num_new, n, blocks)
 
@@ -229,3 +245,27 @@ def recording(cls: type[Scheduler], plans: list[StepPlan], labels: dict[int, str
 
     Recording.__name__ = Recording.__qualname__ = cls.__name__  # messages name the learner's class
     return Recording
+
+
+class Trial(NamedTuple):
+    """A run with a recorded scheduler: the harness's record of the run, and the scheduler's of every step.
+    Notebooks 07-08."""
+
+    run: Run
+    plans: list[StepPlan]
+
+
+def run_trial(scheduler_cls: type[Scheduler], setup: Setup, model: str = "labkit-tiny") -> Trial:
+    """Run ``setup`` with ``scheduler_cls`` as the engine's scheduler, recording what its rules did at every step."""
+    plans: list[StepPlan] = []
+    names: dict[int, str] = {}  # filled by the harness as requests arrive: the records name what they see
+    run = run_setup(setup, model, names=names, scheduler_cls=recording(scheduler_cls, plans, names))
+    return Trial(run, plans)
+
+
+@functools.lru_cache(maxsize=8)
+def reference_trial(setup: Setup, model: str = "labkit-tiny") -> Trial:
+    """The same setup with labkit's own ``Scheduler``, recorded (computed once per setup)."""
+    trial = run_trial(Scheduler, setup, model)
+    assert trial.run.finished, f"labkit's scheduler did not finish its own trial: {trial.run}"
+    return trial
