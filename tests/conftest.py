@@ -53,16 +53,21 @@ INTEGRATION = (
     "tests/measure/loadgen/test_bench_serve.py", "tests/measure/test_verdicts_under_load.py",
     "tests/measure/profiling/test_quiet_profiler.py", "tests/course/test_gpu_check.py",
     "tests/course/test_time_notebooks.py", "tests/course/test_reset.py", "tests/course/test_offline_bundle.py",
-    "tests/core/reliability/test_interrupts.py",
+    "tests/core/reliability/test_interrupts.py", "tests/core/engine/test_stress.py",
+    # a fresh Python process each (import checks, a compiler taken away, a kernel compiled ahead of time)
+    "tests/test_architecture.py::test_a_planted", "tests/test_architecture.py::test_import_labkit",
+    "tests/test_architecture.py::test_choosing_a_backend",
+    "tests/core/attention/test_cpp_backend.py::test_without_a_compiler",
+    "tests/core/attention/test_cpp_backend.py::test_auto_without_a_compiler",
+    "tests/core/attention/test_cpp_backend.py::test_a_failed_build",
+    "tests/core/attention/test_triton_backend.py::test_without_triton",
+    "tests/core/attention/test_triton_backend.py::test_compiles_ahead",
 )
-REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        path = item.path.resolve()
-        where = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else ""
-        if where.startswith(INTEGRATION) or "disaggregated" in item.name:  # engine "disaggregated": two processes
+        if item.nodeid.startswith(INTEGRATION) or "disaggregated" in item.name:  # "disaggregated": two processes
             item.add_marker(pytest.mark.integration)
 
 
