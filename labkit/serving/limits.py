@@ -90,6 +90,9 @@ def decode_json(body: bytes) -> dict[str, Any]:
     except RecursionError:  # json's parser recurses once per nesting level
         raise RequestError("request body nests JSON arrays or objects too deeply to parse; an OpenAI request "
                            "needs a handful of levels") from None
+    except ValueError as exc:  # Python's limit on the digits of an integer (sys.get_int_max_str_digits)
+        raise RequestError(f"request body has a number too long to read: {exc}; no field of an OpenAI request "
+                           "needs more than 20 digits") from None
     if not isinstance(data, dict):
         raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
     if _SURROGATE_ESCAPE.search(text):  # rare: only then walk the whole tree

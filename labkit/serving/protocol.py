@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from labkit.core.sampling_params import SamplingParams
+from labkit.core.sampling_params import MAX_SEED, SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 
@@ -65,7 +65,7 @@ class _GenerationFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # SamplingParams' own bound: one source for the limit
     user: str | None = None
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
     return_token_ids: bool = False  # vLLM extension: put the token ids in each choice

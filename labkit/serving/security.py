@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,14 +32,17 @@ WILDCARD_BIND = ("0.0.0.0", "::", "")  # bound to every interface: no single nam
 BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
-def _hostname(host_header: str) -> str:
-    """The name in a Host header, lower-case, without port, brackets or the root's trailing dot."""
-    host = host_header.strip().lower()
-    if host.startswith("["):  # [::1]:8000
-        host = host[1:].split("]", 1)[0]
-    elif host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return host.rstrip(".")
+# RFC 9110's Host: uri-host [ ":" port ], uri-host an IP literal in brackets or a reg-name (no "@", "/", "[" ...).
+_HOST = re.compile(r"(?:\[(?P<literal>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._~!$&'()*+,;=%-]*))(?::[0-9]{0,5})?")
+
+
+def _hostname(host_header: str) -> str | None:
+    """The name in a Host header, lower-case, without port, brackets or the root's trailing dot; None if the header is
+    not a host and an optional port (``localhost:80@evil.com``, ``[::1]evil.com``): no loose reading can admit it."""
+    match = _HOST.fullmatch(host_header.strip().lower())
+    if match is None:
+        return None
+    return (match["literal"] if match["literal"] is not None else match["name"]).rstrip(".")
 
 
 def _is_loopback(name: str) -> bool:
@@ -69,7 +73,10 @@ class AccessPolicy:
         if not host_header:  # browsers always send Host; HTTP/1.1 requires it
             return False
         name = _hostname(host_header)
-        if _is_loopback(name) or (name == _hostname(self.bind_host) and name not in WILDCARD_BIND):
+        if name is None:  # not a host[:port] at all
+            return False
+        bound = self.bind_host.strip().lower().strip("[]").rstrip(".")  # an address or name, never a Host header
+        if _is_loopback(name) or (name == bound and name not in WILDCARD_BIND):
             return True
         for allowed in self.allowed_hosts:
             allowed = allowed.lower().rstrip(".")

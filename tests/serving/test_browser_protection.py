@@ -140,3 +140,15 @@ def test_options_parse_and_policy() -> None:
     assert AccessPolicy(bind_host="192.168.1.5").host_allowed("192.168.1.5:8000")
     assert not AccessPolicy(bind_host="0.0.0.0").host_allowed("0.0.0.0")  # a wildcard bind names no host
     assert AccessPolicy(allowed_origins=("*",)).origin_allowed("http://any.example", "127.0.0.1:8000")
+
+
+@pytest.mark.parametrize("host, allowed", [
+    ("localhost:8000", True), ("127.0.0.1", True), ("[::1]:8000", True), ("LOCALHOST.", True),
+    ("[::ffff:127.0.0.1]:80", True),
+    ("localhost:80@evil.com", False),  # userinfo-like tricks: not a host[:port], so no loose reading admits it
+    ("[::1]evil.com", False), ("localhost:8000/x", False), ("localhost:abc", False), ("evil.com", False),
+    ("localhost evil.com", False),
+])
+def test_the_host_header_is_parsed_strictly(host: str, allowed: bool) -> None:
+    assert AccessPolicy().host_allowed(host) is allowed
+    assert AccessPolicy(bind_host="fe80::1").host_allowed("[fe80::1]:8000")  # an IPv6 bind names itself

@@ -102,6 +102,12 @@ MALFORMED = [
     (CHAT, "{" + USER + ', "max_completion_tokens": 200}', 400, "max_completion_tokens",
      "max_completion_tokens 200 is too large: this server's KV cache holds 128 tokens"),
     (CHAT, "{" + USER + ', "max_tokens": 200}', 400, "max_tokens", "max_tokens 200 is too large: this server's KV"),
+    # Integers past Python's 4,300-digit limit: a 400 naming the limit, never a 500 (in a field, a token-id prompt, a
+    # chat's seed).
+    (COMPLETIONS, "{" + HI + ', "max_tokens": ' + "9" * 5000 + "}", 400, None,
+     "a number too long to read: Exceeds the limit (4300 digits)"),
+    (COMPLETIONS, '{"model": "labkit-tiny", "prompt": [1, ' + "7" * 4301 + "]}", 400, None, "4300 digits"),
+    (CHAT, "{" + USER + ', "seed": -' + "1" * 10_000 + "}", 400, None, "a number too long to read"),
 ]
 
 

@@ -150,7 +150,9 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "top_k": 0}, 400, "top_k", "top_k must be -1"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 3}, 400, "n", "less than or equal to 1, got 3"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "seed": 2**70}, 400, "seed",
-     "seed: Input should be less than or equal to 18446744073709551615"),
+     "seed: Input should be less than or equal to 9223372036854775807"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "seed": -1}, 400, "seed",  # SamplingParams' bound, not torch's
+     "seed: Input should be greater than or equal to 0"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "stop": ""}, 400, "stop", "stop strings must be non-empty"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop",
      "at most 4"),
