@@ -58,11 +58,12 @@ def received_problem(seq: Sequence, kv: torch.Tensor, llm: LLM, used_before: int
         return (f"your receive_kv took {taken} block(s) from the pool for {name}, but its block table lists "
                 f"{len(seq.block_table)}: take blocks only through block_manager.allocate(seq, ...), so they are in "
                 "seq.block_table and go back when the request ends")
-    table = torch.tensor(seq.block_table)
+    table = torch.tensor(seq.block_table, device=pool.device)
     for layer, (k, v) in enumerate(zip(pool.k, pool.v)):
         for which, got, sent in (("K", k[table], kv[:, layer, 0]), ("V", v[table], kv[:, layer, 1])):
-            got, sent = got.flatten(0, 1)[:n], sent.flatten(0, 1)[:n]  # (n, n_kv_heads, head_dim) prompt slots
-            if not torch.equal(got, sent.to(got.dtype)):
+            got = got.flatten(0, 1)[:n]  # (n, n_kv_heads, head_dim) prompt slots
+            sent = sent.flatten(0, 1)[:n].to(got.device, got.dtype)  # the KV arrives on the CPU (over gloo)
+            if not torch.equal(got, sent):
                 bad = int((got != sent).flatten(1).any(1).nonzero()[0])
                 return (f"after your receive_kv, layer {layer}'s {which} of {name} differs from what was sent, first "
                         f"at token {bad} (block {bad // bm.block_size}): kv[i, layer, 0] is block i's K and "

@@ -174,7 +174,8 @@ class DisaggregatedEngine(EngineCore):
                 failed.append((seq, f"request {seq.seq_id}'s KV arrived as {msg.kv.shape[0]} blocks, expected "
                                     f"{expected} for {seq.num_prompt_tokens} prompt tokens"))
                 continue
-            token = sample(msg.logits[None], [seq.params], [seq.generator])[0]
+            # The logits arrived on the CPU (over gloo); the request's generator lives on this engine's device.
+            token = sample(msg.logits[None].to(self.device), [seq.params], [seq.generator])[0]
             append_token(seq, token, time.perf_counter())
             done.append(seq)
             if not seq.is_finished:  # a request that ends on its first token needs no decode blocks
