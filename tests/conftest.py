@@ -9,6 +9,8 @@ are aborted and every block must be free, with the books balanced.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -23,6 +25,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 from labkit.core.llm import LLM  # noqa: E402
 from labkit.core.model.source import bundled_model_path  # noqa: E402
 from labkit.core.text.tokenizer import load_tokenizer  # noqa: E402
+
+# labkit's Triton module before any test runs transformers (whose models import triton through torch._dynamo): on a
+# machine without a GPU it chooses Triton's interpreter, which has to happen before triton is first imported, whatever
+# order the tests run in. (``import labkit`` itself never imports triton; notebook 11 imports this module first.)
+if importlib.util.find_spec("triton") is not None:
+    importlib.import_module("labkit.core.attention.triton_decode")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 

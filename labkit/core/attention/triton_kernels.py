@@ -11,8 +11,10 @@ arguments: ``attend_tile`` (the inner loop's body) and ``merge_splits`` (stage 2
 here as plain functions (so they read, and can be shown, like any Python function); the launcher wraps them in
 ``triton.jit``.
 Every product and sum runs in float32: Triton's CPU interpreter computes bfloat16 arithmetic wrongly, and float32
-keeps the softmax's sums accurate on a GPU (where ``tl.dot`` rounds its float32 inputs to TF32 by default: exact for
-bfloat16 K/V and queries). Introduced in notebook 11 (``11_attention_kernels``).
+keeps the softmax's sums accurate on a GPU. There ``tl.dot`` rounds its float32 inputs to TF32 by default: exact for
+``q @ K^T`` when queries and K/V are bfloat16 (TF32 keeps bfloat16's 8-bit exponent and more than its 7-bit
+mantissa), but not for ``p @ V``, whose probabilities ``p`` are float32 and lose bits in TF32. Introduced in notebook
+11 (``11_attention_kernels``).
 """
 
 from __future__ import annotations
