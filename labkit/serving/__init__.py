@@ -7,7 +7,8 @@
 Modules: ``async_engine`` (AsyncLLM: the engine loop in a background thread), ``protocol`` (request
 validation), ``limits`` (what a request may cost: body size, JSON shape, Unicode, prompt length before
 tokenizing), ``api_server`` (the FastAPI app), ``responses`` (response shapes and streams that always end),
-``security`` (browser protection: Host, Origin, content type), ``shutdown`` (graceful shutdown and exit
+``security`` (browser protection: Host, Origin, content type), ``connections`` (read timeouts for slow clients,
+the connection cap), ``openapi`` (the routes' schemas at ``/openapi.json``), ``shutdown`` (graceful shutdown and exit
 codes), ``cli`` (``python -m labkit.serving``), ``launcher`` (start and stop a server from a notebook or a test).
 """
 

@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from labkit.core.engine.errors import EngineDeadError
 from labkit.core.sequence import Sequence
 from labkit.serving.async_engine import AsyncLLM
 from labkit.serving.limits import (
@@ -42,6 +43,7 @@ from labkit.serving.limits import (
     read_body,
     request_capacity,
 )
+from labkit.serving.openapi import openapi_schema
 from labkit.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -59,6 +61,7 @@ from labkit.serving.responses import (
     Generation,
     cancel_on_disconnect,
     complete,
+    shutdown_error,
     stream_events,
 )
 from labkit.serving.security import AccessPolicy, add_browser_protection
@@ -103,7 +106,9 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, access: AccessPolicy 
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if async_llm.is_running else 503)
+        # 503 once the engine thread stopped or the engine died (a worker process it needs is gone, e.g. chapter
+        # 12's prefill worker): a load balancer or supervisor then restarts the server.
+        return Response(status_code=200 if async_llm.is_running and llm.is_alive() else 503)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -171,6 +176,9 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, access: AccessPolicy 
             raise RequestError("request body nests JSON arrays or objects too deeply") from None
 
     async def serve(request: Request, chat: bool) -> Response:
+        cause = llm.death_cause()
+        if cause is not None:
+            raise shutdown_error(EngineDeadError(cause))
         p = await run_in_thread(prepare, chat, await read_body(request, body_limit))
         if p.req.stream:
             return AbortingStreamingResponse(stream_events(p.gen, async_llm.generate(p.seq), active, timings),
@@ -185,4 +193,6 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, access: AccessPolicy 
     async def chat_completions(request: Request) -> Response:
         return await serve(request, chat=True)
 
+    schema = openapi_schema(served_model_name, app.title)  # the routes read their own bodies: FastAPI cannot infer it
+    app.openapi = lambda: schema  # type: ignore[method-assign]
     return app

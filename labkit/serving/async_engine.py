@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator
 
 from labkit.core.engine.base import StepFailedError
+from labkit.core.engine.errors import EngineDeadError as CoreEngineDeadError
 from labkit.core.llm import LLM
 from labkit.core.sampling_params import SamplingParams
 from labkit.core.sequence import FinishReason, Sequence, SequenceStatus
@@ -118,6 +119,9 @@ class AsyncLLM:
         """Add a request and yield its tokens as the engine produces them; abort it if the consumer leaves."""
         if not self.is_running:
             raise EngineDeadError("the engine thread is not running; call start()")
+        cause = self.llm.death_cause()
+        if cause is not None:  # a worker process the engine needs is gone: nothing new can be served
+            raise CoreEngineDeadError(cause)
         seq = prompt if isinstance(prompt, Sequence) else self.make_request(prompt, params or SamplingParams())
         stream = _Stream(seq, asyncio.get_running_loop(), asyncio.Queue())
         self._send(_Command("add", stream=stream))
@@ -229,7 +233,8 @@ class AsyncLLM:
                 del self._streams[seq.seq_id]
                 if self.metrics is not None:
                     self.metrics.request_finished("error", None)
-                ready.append((stream, RuntimeError(f"the {seq.error}")))
+                dead = isinstance(seq.error_cause, CoreEngineDeadError)  # a 503 for the client, not a 500
+                ready.append((stream, seq.error_cause if dead else RuntimeError(f"the {seq.error}")))
                 continue
             new = seq.output_token_ids[stream.num_emitted:]
             if not new:

@@ -27,6 +27,13 @@ from labkit.core.llm import LLM
 from labkit.core.model.source import BUNDLED_MODEL
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import HAND_OFFS, AsyncLLM
+from labkit.serving.connections import (
+    DEFAULT_LIMIT_CONCURRENCY,
+    DEFAULT_TIMEOUT_BODY_STALL,
+    DEFAULT_TIMEOUT_REQUEST_HEADER,
+    ConnectionLimits,
+    protocol_class,
+)
 from labkit.serving.prometheus import ServerMetrics
 from labkit.serving.security import AccessPolicy, parse_list_option
 from labkit.serving.shutdown import EXIT_CANNOT_START, EXIT_OK, EXIT_REQUESTS_ENDED, GracefulServer
@@ -54,9 +61,19 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # browser pages allowed to call the server (vLLM's option)
     max_request_body_bytes: int | None = None  # None: labkit.serving.limits.default_max_request_body_bytes
     timeout_graceful_shutdown: float = 5.0  # seconds running requests get to finish on SIGINT/SIGTERM
+    # A slow client's bounds (labkit.serving.connections): the request head within this many seconds, no gap in a
+    # body longer than this, at most this many open connections (a 503 beyond), idle keep-alive closed after this.
+    timeout_request_header: float = DEFAULT_TIMEOUT_REQUEST_HEADER
+    timeout_body_stall: float = DEFAULT_TIMEOUT_BODY_STALL
+    limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY
+    timeout_keep_alive: float = 5.0  # uvicorn's default
     record_timings: bool = False  # add up where the server's time goes; GET /timings (labkit.serving.timings)
     hand_off: str = "per_token"  # how a step's tokens reach the event loop (AsyncLLM's hand_off)
     stream_coalesce: bool = False  # a lagging stream's waiting tokens go out as one event (AsyncLLM's coalesce)
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(self.timeout_request_header, self.timeout_body_stall, self.limit_concurrency)
 
     @property
     def access(self) -> AccessPolicy:
@@ -84,7 +101,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def uvicorn_server(app: FastAPI, config: ServerConfig) -> GracefulServer:
     async_llm: AsyncLLM = app.state.async_llm
-    uv_config = uvicorn.Config(app, log_level=config.log_level, access_log=config.access_log, lifespan="off")
+    uv_config = uvicorn.Config(app, log_level=config.log_level, access_log=config.access_log, lifespan="off",
+                               http=protocol_class(config.connection_limits),
+                               timeout_keep_alive=config.timeout_keep_alive)
     return GracefulServer(uv_config, app.state.active_requests, lambda reason: async_llm.shutdown(reason=reason),
                           config.timeout_graceful_shutdown)
 
@@ -152,6 +171,13 @@ def _seconds(value: str) -> float:
     return number
 
 
+def _positive_seconds(value: str) -> float:
+    number = _seconds(value)
+    if number == 0:
+        raise argparse.ArgumentTypeError("must be a number of seconds > 0")
+    return number
+
+
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p = argparse.ArgumentParser(prog="python -m labkit.serving", description="labkit's OpenAI-compatible server")
     p.add_argument("--model", default=BUNDLED_MODEL, help="bundled model name, checkpoint folder or preset")
@@ -168,6 +194,16 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                    help="larger bodies get a 413 (default 4 MiB, or 32 bytes per token of max_model_len)")
     p.add_argument("--timeout-graceful-shutdown", type=_seconds, default=5.0,
                    help="seconds running requests get to finish on SIGINT/SIGTERM (default 5)")
+    p.add_argument("--timeout-request-header", type=_positive_seconds, default=DEFAULT_TIMEOUT_REQUEST_HEADER,
+                   help="seconds a client has to send a request's line and headers; then 408 and closed "
+                        f"(default {DEFAULT_TIMEOUT_REQUEST_HEADER:g})")
+    p.add_argument("--timeout-body-stall", type=_positive_seconds, default=DEFAULT_TIMEOUT_BODY_STALL,
+                   help="longest gap in a request body's bytes; then the connection is closed "
+                        f"(default {DEFAULT_TIMEOUT_BODY_STALL:g})")
+    p.add_argument("--limit-concurrency", type=_positive_int, default=DEFAULT_LIMIT_CONCURRENCY,
+                   help=f"open connections at most; beyond, a 503 (default {DEFAULT_LIMIT_CONCURRENCY})")
+    p.add_argument("--timeout-keep-alive", type=_positive_seconds, default=5.0,
+                   help="seconds an idle kept-alive connection stays open (default 5)")
     p.add_argument("--served-model-name", default=None, help="the name clients send as 'model'")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -209,6 +245,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                         allowed_hosts=a.allowed_hosts, allowed_origins=a.allowed_origins,
                         max_request_body_bytes=a.max_request_body_bytes,
                         timeout_graceful_shutdown=a.timeout_graceful_shutdown, record_timings=a.record_timings,
+                        timeout_request_header=a.timeout_request_header, timeout_body_stall=a.timeout_body_stall,
+                        limit_concurrency=a.limit_concurrency, timeout_keep_alive=a.timeout_keep_alive,
                         hand_off=a.hand_off, stream_coalesce=a.stream_coalesce)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from labkit.core.engine.errors import EngineDeadError as CoreEngineDeadError
 from labkit.serving.async_engine import EngineDeadError, TokenDelta
 from labkit.serving.protocol import RequestError
 from labkit.serving.timings import ServerTimings
@@ -37,9 +38,13 @@ class ErrorResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-def shutdown_error(exc: EngineDeadError) -> RequestError:
-    return RequestError(f"the server is shutting down: {exc}", error_type="server_error", status_code=503,
-                        code="server_shutting_down")
+def shutdown_error(exc: CoreEngineDeadError) -> RequestError:
+    """A 503: the server is shutting down, or its engine died (a worker process is gone: /health says 503 too)."""
+    if isinstance(exc, EngineDeadError):
+        return RequestError(f"the server is shutting down: {exc}", error_type="server_error", status_code=503,
+                            code="server_shutting_down")
+    return RequestError(f"{exc} (the server must be restarted)", error_type="server_error", status_code=503,
+                        code="engine_dead")
 
 
 def generation_error(exc: Exception) -> RequestError:
@@ -149,7 +154,7 @@ async def stream_events(gen: Generation, deltas: AsyncIterator[TokenDelta], acti
                         timings.add("streamed_tokens", 0.0, len(delta.token_ids))
                         resumed = time.perf_counter()
                         timings.add("send", resumed - framed)
-            except EngineDeadError as exc:  # shut down mid-stream: say so in-band
+            except CoreEngineDeadError as exc:  # shut down mid-stream: say so in-band
                 yield sse(shutdown_error(exc).body())
             except Exception as exc:  # the engine failed mid-stream: tell the client in-band, as vLLM does
                 yield sse(generation_error(exc).body())
@@ -166,7 +171,7 @@ async def complete(gen: Generation, deltas: AsyncIterator[TokenDelta], active: A
     with active.track():
         try:
             return JSONResponse(gen.response([d async for d in deltas]))
-        except EngineDeadError as exc:
+        except CoreEngineDeadError as exc:
             return ErrorResponse(shutdown_error(exc))
         except Exception as exc:  # the engine failed this request: a 500 with the reason, not a traceback
             return ErrorResponse(generation_error(exc))

@@ -33,16 +33,22 @@ BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
 # RFC 9110's Host: uri-host [ ":" port ], uri-host an IP literal in brackets or a reg-name (no "@", "/", "[" ...).
-_HOST = re.compile(r"(?:\[(?P<literal>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._~!$&'()*+,;=%-]*))(?::[0-9]{0,5})?")
+_HOST = re.compile(r"(?:\[(?P<literal>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._~!$&'()*+,;=%-]*))(?::(?P<port>[0-9]{0,5}))?")
 
 
 def _hostname(host_header: str) -> str | None:
     """The name in a Host header, lower-case, without port, brackets or the root's trailing dot; None if the header is
     not a host and an optional port (``localhost:80@evil.com``, ``[::1]evil.com``): no loose reading can admit it."""
     match = _HOST.fullmatch(host_header.strip().lower())
-    if match is None:
+    if match is None or (match["port"] and int(match["port"]) > 65535):
         return None
-    return (match["literal"] if match["literal"] is not None else match["name"]).rstrip(".")
+    if match["literal"] is not None:  # RFC 3986: brackets hold an IPv6 address ("[127.0.0.1]" is no host)
+        try:
+            ipaddress.IPv6Address(match["literal"])
+        except ValueError:
+            return None
+        return match["literal"]
+    return match["name"].rstrip(".")
 
 
 def _is_loopback(name: str) -> bool:

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from labkit.core.engine.errors import EngineDeadError as CoreEngineDeadError
 from labkit.core.sequence import Sequence
 
 
@@ -39,8 +40,13 @@ class TokenDelta:
                                    time=self.time)
 
 
-class EngineDeadError(RuntimeError):
-    """The engine thread is not running (stopped, or never started). Notebook 09."""
+class EngineDeadError(CoreEngineDeadError):
+    """The engine thread is not running (stopped, or never started). A kind of the engine's own
+    ``EngineDeadError`` (a worker process died), so one ``except`` catches both. Notebook 09."""
+
+    def __init__(self, cause: str) -> None:
+        RuntimeError.__init__(self, cause)  # the reason as given ("the engine was shut down")
+        self.cause = cause
 
 
 @dataclass

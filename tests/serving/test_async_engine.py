@@ -10,10 +10,12 @@ import asyncio
 import time
 
 import pytest
+from engine_gates import commands_waiting, wait_for
 
 from labkit import LLM, SamplingParams
 from labkit.core.engine.base import StepFailedError
 from labkit.core.sched.stop import fail
+from labkit.core.sequence import Sequence
 from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import AsyncLLM, EngineDeadError, ServerMetrics, TokenDelta
 
@@ -83,13 +85,32 @@ def test_a_short_request_added_mid_run_finishes_first(engine: AsyncLLM) -> None:
             finished.append(name)
 
         started = asyncio.Event()
+        # Once the long one has 2 tokens, the engine waits for the short one's add before its next step: on a busy
+        # machine the event loop might otherwise send it only after the long one's 60 tokens.
+        admit_after_two(engine)
         long_params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
         short_params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         await asyncio.gather(run("long", PROMPTS[0], long_params, None, started),
                              run("short", PROMPTS[1], short_params, started, None))
         return finished
 
-    assert run_sync(main()) == ["short", "long"]  # iteration-level scheduling: it did not wait for the long one
+    try:
+        assert run_sync(main()) == ["short", "long"]  # iteration-level scheduling: it did not wait for the long one
+    finally:
+        engine.llm.engine.fault_hook = None
+
+
+def admit_after_two(engine: AsyncLLM) -> None:
+    """The first time a request has 2 tokens, the engine thread waits until another request's add was sent."""
+    done = {"waited": False}
+
+    def hold(seqs: list[Sequence]) -> None:
+        if not done["waited"] and any(s.num_output_tokens >= 2 for s in seqs):
+            # (taken in already, or sent and waiting for the engine thread)
+            wait_for(lambda: len(seqs) > 1 or commands_waiting(engine), "the short request's add")
+            done["waited"] = True
+
+    engine.llm.engine.fault_hook = hold
 
 
 def test_closing_the_stream_aborts_and_frees_blocks_at_once(engine: AsyncLLM) -> None:

@@ -148,6 +148,11 @@ def test_options_parse_and_policy() -> None:
     ("localhost:80@evil.com", False),  # userinfo-like tricks: not a host[:port], so no loose reading admits it
     ("[::1]evil.com", False), ("localhost:8000/x", False), ("localhost:abc", False), ("evil.com", False),
     ("localhost evil.com", False),
+    # IPv6 literals: only an IPv6 address in brackets, then an optional port in range
+    ("[0:0:0:0:0:0:0:1]:80", True), ("[::1]:", True), ("[::ffff:7f00:1]", True), ("[::2]", False),
+    ("::1", False), ("::1:8000", False), ("[::1", False), ("::1]", False), ("[[::1]]", False), ("[::1]:8000:1", False),
+    ("[::1]:99999", False), ("[127.0.0.1]", False), ("[::1%25lo]", False), ("[v1.x]", False), ("[::1]:+80", False),
+    ("[::1]@evil.com", False), ("[::1]:80@evil.com", False), ("[fe80::1]", False),
 ])
 def test_the_host_header_is_parsed_strictly(host: str, allowed: bool) -> None:
     assert AccessPolicy().host_allowed(host) is allowed

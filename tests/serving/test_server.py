@@ -11,6 +11,7 @@ import time
 import httpx
 import openai
 import pytest
+from engine_gates import commands_waiting, engine_held_after, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from labkit import LLM, SamplingParams
@@ -227,10 +228,15 @@ def test_a_streaming_client_that_disconnects_frees_its_blocks(server: ServerThre
     aborted_before = _abort_count(server)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "temperature": 0.0, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body) as r:
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(6)]  # a few tokens (and blank separators), then hang up mid-stream
-        assert server.async_llm.engine_state().kv_blocks_used > 0
+    # The engine pauses at its 4th token until the server has sent the abort: on any machine the request is still
+    # running when the client hangs up (200 tokens of a tiny model can take less than a client's reads).
+    with engine_held_after(server.async_llm, 4) as held:
+        with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]  # a few tokens (and blank separators), then hang up mid-stream
+            wait_for(held.is_set, "the engine holds at the 4th token")
+            assert server.async_llm.llm.engine.block_manager.num_used_blocks > 0
+        wait_for(lambda: commands_waiting(server.async_llm), "the server sends the abort")
     assert any(line.startswith("data: ") for line in got)
     state = wait_until_idle(server)
     assert state.unfinished_request_ids == () and state.kv_blocks_used == 0
@@ -240,8 +246,10 @@ def test_a_streaming_client_that_disconnects_frees_its_blocks(server: ServerThre
 def test_a_waiting_non_streaming_client_that_disconnects_frees_its_blocks(server: ServerThread) -> None:
     aborted_before = _abort_count(server)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 220, "temperature": 0.0, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 0.3 s and closes the connection
-        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=0.3))
+    with engine_held_after(server.async_llm, 2):  # the request cannot finish before the client gives up
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up after 0.3 s and closes the connection
+            httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=0.3))
+        wait_for(lambda: commands_waiting(server.async_llm), "the server sends the abort")
     state = wait_until_idle(server)
     assert state.unfinished_request_ids == () and state.kv_blocks_used == 0
     assert _abort_count(server) == aborted_before + 1

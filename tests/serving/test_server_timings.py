@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+from engine_gates import admit_each_arrival_before_stepping_on
 
 from labkit import LLM, SamplingParams
 from labkit.measure.loadgen.runner import run_sync
@@ -91,6 +92,8 @@ def test_either_hand_off_streams_the_same_tokens_and_text(hand_off: str, expecte
     options = {"hand_off": hand_off, "record_timings": True}
     with ServerThread(make_llm(), served_model_name=MODEL, server_options=options) as server:
         assert server.async_llm.hand_off == hand_off
+        # The 4 streams share steps on any machine: a step waits for the next request until all 4 have arrived.
+        admit_each_arrival_before_stepping_on(server.async_llm, len(PROMPTS))
         assert run_sync(_stream_all(server.base_url, chat_too=False)) == expected  # 4 concurrent streams
         b = TimingBreakdown.between({"seconds": {}, "counts": {}}, httpx.get(f"{server.base_url}/timings").json())
     if hand_off == "per_token":  # one wake-up of the event loop per streamed token

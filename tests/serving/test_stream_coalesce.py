@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from labkit import LLM, SamplingParams
+from labkit.core.sequence import Sequence
 from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import AsyncLLM, TokenDelta
 from labkit.serving.cli import parse_args
@@ -40,11 +41,24 @@ def block_until(done: Callable[[], bool], timeout_s: float = 60.0) -> None:
 
 
 async def lagging(async_llm: AsyncLLM) -> list[TokenDelta]:
+    # The engine waits after the first token until the consumer has read it, so the first read is that token alone
+    # on any machine (a fast engine could otherwise have queued three before the consumer's first read).
+    first_read = threading.Event()
+
+    def hold(seqs: list[Sequence]) -> None:
+        if any(s.num_output_tokens >= 1 for s in seqs):
+            first_read.wait(60)
+
+    async_llm.llm.engine.fault_hook = hold
     deltas = []
-    async for delta in async_llm.generate(PROMPT, GREEDY):
-        deltas.append(delta)
-        if len(deltas) == 1:  # behind from the first token on: every later token waits for the next read
-            block_until(lambda: not async_llm.llm.engine.has_unfinished_requests())
+    try:
+        async for delta in async_llm.generate(PROMPT, GREEDY):
+            deltas.append(delta)
+            if len(deltas) == 1:  # behind from the first token on: every later token waits for the next read
+                first_read.set()
+                block_until(lambda: not async_llm.llm.engine.has_unfinished_requests())
+    finally:
+        async_llm.llm.engine.fault_hook = None
     return deltas
 
 

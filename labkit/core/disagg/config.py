@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from labkit.core.disagg.prefill_worker import PrefillWorker
 from labkit.core.disagg.receive import KVReceiver
 from labkit.core.engine.config import PagedConfig, check_positive_int, resolve_class
+from labkit.core.engine.workers import DEFAULT_JOIN_TIMEOUT_S
 
 
 @dataclass
@@ -19,7 +20,12 @@ class DisaggregatedConfig(PagedConfig):
 
     max_num_inflight_prefills: int = 2  # prompts handed to the prefill worker and not yet back
     prefill_num_threads: int | None = None  # torch threads of the prefill process (None: torch's default)
-    transfer_timeout_s: float = 120.0  # start-up, and the longest wait for one prompt's KV
+    # The longest the prefill worker may go without an answer while prompts are out (idle, the link never times out);
+    # also bounds forming the group and building the worker.
+    transfer_timeout_s: float = 120.0
+    # How long the spawned worker may take to reach its entry point (it imports the main module, torch and labkit
+    # first): past it, start-up fails naming the likely cause, a script without `if __name__ == "__main__":`.
+    worker_join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     # Pluggable parts, as classes or import paths: the prefill process's worker, the decode side's receive.
     prefill_worker_cls: type[PrefillWorker] = PrefillWorker
     kv_receiver_cls: type[KVReceiver] = KVReceiver
@@ -29,9 +35,10 @@ class DisaggregatedConfig(PagedConfig):
         check_positive_int("max_num_inflight_prefills", self.max_num_inflight_prefills)
         if self.prefill_num_threads is not None:
             check_positive_int("prefill_num_threads", self.prefill_num_threads)
-        timeout = self.transfer_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"transfer_timeout_s must be a positive number of seconds, got {timeout!r}")
+        for name in ("transfer_timeout_s", "worker_join_timeout_s"):
+            timeout = getattr(self, name)
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {timeout!r}")
         if self.async_scheduling:
             raise ValueError("engine 'disaggregated' runs its decode steps synchronously: async_scheduling=True is "
                              "not supported (use engine 'chunked' for it)")

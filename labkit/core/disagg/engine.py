@@ -11,8 +11,12 @@ and last logits come back, the first token is sampled here with the request's ow
 taken in by ``KVReceiver.receive_kv`` (allocate, write, admit), and it decodes with the others from the next
 step on. The prefill worker never holds the decode worker up: its answers are polled between decode steps.
 
-A failed prefill or a broken link fails the requests concerned, each with an error naming what happened; the
-decode worker keeps serving the rest. Introduced in notebook 12 (``12_disaggregated_prefill``).
+A failed prefill fails its request only, with the prefill worker's error. A dead prefill worker (or a broken link)
+ends the engine as vLLM's ``EngineDeadError`` does: the requests on their way through it fail with that error,
+the ones whose KV had already arrived decode to the end, and every later request is refused
+(``death_cause``, ``LLM.is_alive``). The prefill worker is started before this engine sizes its KV pool, so on
+one device the worker's weights, pool and warm-up prefill are already in place (issue 37's memory item).
+Introduced in notebook 12 (``12_disaggregated_prefill``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from labkit.core.disagg.client import ErrorMessage, KVMessage, PrefillClient
 from labkit.core.disagg.config import DisaggregatedConfig
 from labkit.core.disagg.transfer import TransferError
 from labkit.core.engine.engine_core import EngineCore
+from labkit.core.engine.errors import EngineDeadError
 from labkit.core.model import CausalLM
 from labkit.core.sampler import sample
 from labkit.core.sched.stop import append_token
@@ -63,15 +68,27 @@ class DisaggregatedEngine(EngineCore):
     config: DisaggregatedConfig
     def __init__(self, model: CausalLM, config: DisaggregatedConfig) -> None:
         config.enable_chunked_prefill = True  # only a preempted request is prefilled here (recomputed), in chunks
-        super().__init__(model, config)
         assert config.max_model_len is not None
+        # The prefill worker first: on a shared device its weights (a second copy), its KV pool and its warm-up
+        # prefill then count as another process's memory when EngineCore sizes this engine's pool.
+        self.client = PrefillClient(model, config.block_size, config.max_model_len, config.attention_backend,
+                                    config.prefill_worker_cls, config.transfer_timeout_s, config.prefill_num_threads,
+                                    config.worker_join_timeout_s)
+        try:
+            super().__init__(model, config)
+        except BaseException:
+            self.client.close()
+            raise
         self.receiver = config.kv_receiver_cls()
         self.to_prefill: deque[Sequence] = deque()  # waiting for a free prefill slot
         self.in_transit: dict[int, tuple[Sequence, float]] = {}  # seq_id -> (sequence, when it was sent)
         self.arrived: deque[tuple[Sequence, torch.Tensor, TransferRecord]] = deque()  # KV here, blocks not yet
         self.transfers: list[TransferRecord] = []
-        self.client = PrefillClient(model, config.block_size, config.max_model_len, config.attention_backend,
-                                    config.prefill_worker_cls, config.transfer_timeout_s, config.prefill_num_threads)
+
+    def death_cause(self) -> str | None:
+        """Why this engine cannot take new requests (its prefill worker is gone), or None while it can. Safe to call
+        from any thread; ``LLM.is_alive`` and the server's ``/health`` ask it."""
+        return self.client.death_cause()
 
     # ---- the queues: the scheduler's, plus the requests on their way through the prefill worker ----
 
@@ -100,7 +117,7 @@ class DisaggregatedEngine(EngineCore):
 
     def measure_link(self, num_bytes: int) -> float:
         """Round-trip seconds of ``num_bytes`` to the prefill worker and back over the gloo link (engine idle)."""
-        while self.client.num_inflight:  # answers for aborted requests may still be on their way
+        while self.client.num_inflight and self.client.error is None:  # answers for aborted requests, on their way
             self._take(self.client.wait(), time.perf_counter(), [], [])
         return self.client.measure_link(num_bytes)
 
@@ -113,25 +130,31 @@ class DisaggregatedEngine(EngineCore):
 
     def step(self) -> list[Sequence]:
         """Take the prefill worker's answers (first tokens, KV into the pool), hand it new prompts, then one decode
-        step (``EngineCore.step``, run inside this step) for the running batch."""
+        step (``EngineCore.step``, run inside this step) for the running batch. Once the worker is gone the
+        requests still on their way through it fail with ``EngineDeadError``; the received ones decode on."""
         with self.step_context():
             now = time.perf_counter()
             done: list[Sequence] = []
             failed: list[tuple[Sequence, str]] = []
-            try:
-                self._take(self.client.poll(), now, done, failed)
-                self._admit_arrived()
+            self._take(self.client.poll(), now, done, failed)  # also the per-step liveness check
+            self._admit_arrived()
+            if self.client.error is None:
                 self._dispatch()
-                if not self.scheduler.has_unfinished_requests() and not done and self.client.num_inflight:
-                    self._take(self.client.wait(), time.perf_counter(), done, failed)  # nothing to decode meanwhile
-                    self._admit_arrived()
-            except TransferError as exc:  # the link is gone: everything on its way through the prefill worker fails
+            if (self.client.error is None and not self.scheduler.has_unfinished_requests() and not done
+                    and self.client.num_inflight):
+                self._take(self.client.wait(), time.perf_counter(), done, failed)  # nothing to decode meanwhile
+                self._admit_arrived()
+            dead = self.client.error
+            if dead is not None:  # everything still on its way through the prefill worker is lost
                 lost = [s for s, _ in self.in_transit.values() if not s.is_finished] + list(self.to_prefill)
                 self.in_transit.clear()
-                failed += [(s, str(exc)) for s in lost]
+                self.to_prefill.clear()
+                failed += [(s, dead) for s in lost]
             if failed:
                 # The step fails its sequences: these, and the ones that finished on their first token.
                 self._scheduled = [s for s, _ in failed] + [s for s in done if s.is_finished]
+                if dead is not None and all(why == dead for _, why in failed):
+                    raise EngineDeadError(dead)
                 reasons = "; ".join(sorted({why for _, why in failed}))
                 raise TransferError(f"{len(failed)} request(s) could not be prefilled: {reasons}")
             if self.scheduler.has_unfinished_requests():
@@ -149,7 +172,10 @@ class DisaggregatedEngine(EngineCore):
         self._before_forward(batch)  # a fault raised here fails these prompts only
         self._scheduled = None
         for seq in batch:
-            self.client.send_prompt(seq.seq_id, seq.prompt_token_ids)  # raises TransferError: seq stays queued
+            try:
+                self.client.send_prompt(seq.seq_id, seq.prompt_token_ids)
+            except TransferError:
+                return  # the link is gone (client.error says why): the step fails what is left
             self.to_prefill.popleft()
             self.in_transit[seq.seq_id] = (seq, time.perf_counter())
 

@@ -38,10 +38,12 @@ from labkit.core.disagg.transfer import (
     open_group,
     open_store,
 )
+from labkit.core.engine.workers import report_fatal
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.core.model import CausalLM, ModelConfig
 from labkit.core.model.loader import _materialise
+from labkit.core.quant import quantize_like
 
 READY_KEY = "prefill_worker"  # in the rendezvous store: "ready", or "error: ..." if the worker could not be built
 
@@ -87,9 +89,14 @@ class PrefillWorker:
         self.pool = PagedKVPool(spec.model_config, self.block_manager.num_blocks, spec.block_size, self.device,
                                 spec.dtype)
         self.attention_backend = resolve_attention_backend(spec.attention_backend, self.device.type, spec.dtype)
+        if self.device.type == "cuda":
+            # Its largest prefill once, now (vLLM's profiling run): the memory it needs stays in this process's
+            # caching allocator, so the decode worker, which sizes its pool after this one is built, leaves room.
+            self.prefill(PrefillRequest(-1, [0] * spec.max_model_len))
 
     def build_model(self, spec: PrefillWorkerSpec) -> CausalLM:
         model = _materialise(spec.model_config, self.device, spec.dtype)  # empty tensors: no random init
+        quantize_like(model, spec.state_dict)  # a quantized model's int8/int4 layers, empty (notebook 14)
         model.load_state_dict(spec.state_dict)
         return model.eval()
 
@@ -165,13 +172,14 @@ def run_prefill_worker(spec: PrefillWorkerSpec, worker_cls: type[PrefillWorker])
     if spec.num_threads is not None:
         torch.set_num_threads(spec.num_threads)
     store = open_store(PREFILL_RANK, spec.port, spec.timeout_s)
-    link = Link(open_group(store, PREFILL_RANK, spec.timeout_s), PREFILL_RANK)
+    link = Link(open_group(store, PREFILL_RANK), PREFILL_RANK)
     code = 1
     try:
         try:
             worker = worker_cls(spec, link)
         except Exception as exc:  # noqa: BLE001  the decode worker reads it from the store and raises it
             store.set(READY_KEY, f"error: {type(exc).__name__}: {exc}")
+            report_fatal(exc)
             raise
         store.set(READY_KEY, "ready")
         worker.serve()

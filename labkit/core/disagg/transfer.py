@@ -68,11 +68,18 @@ def open_store(rank: int, port: int, timeout_s: float) -> dist.TCPStore:
                          wait_for_workers=False)
 
 
-def open_group(store: dist.Store, rank: int, timeout_s: float) -> dist.ProcessGroup:
-    """A two-rank gloo group whose sockets bind to 127.0.0.1 only."""
+# gloo ends a receive that waits longer than the group's timeout, and both ends always have one posted (the next
+# message's header): a link idle for that long (a notebook left open) would break. So the group's timeout is this;
+# liveness comes from watching the process (labkit.core.engine.workers) and the transfer timeout, counted by the
+# decode worker from the last answer while prompts are out.
+LINK_IDLE_TIMEOUT = datetime.timedelta(days=30)
+
+
+def open_group(store: dist.Store, rank: int) -> dist.ProcessGroup:
+    """A two-rank gloo group whose sockets bind to 127.0.0.1 only (forming it waits on ``store``'s timeout)."""
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    options._timeout = datetime.timedelta(seconds=timeout_s)
+    options._timeout = LINK_IDLE_TIMEOUT
     return dist.ProcessGroupGloo(store, rank, 2, options)
 
 

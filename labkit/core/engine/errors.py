@@ -14,3 +14,8 @@ class EngineDeadError(RuntimeError):
     def __init__(self, cause: str) -> None:
         super().__init__(f"the engine is dead: {cause}. Call close() and create a new LLM.")
         self.cause = cause
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process died or did not join while the engine was starting; the message names the exit code, the
+    worker's last error and the likely cause (the missing ``if __name__ == "__main__":`` guard). Notebook 12."""

@@ -12,7 +12,8 @@ from labkit.core.disagg.transfer import HEADER_TAG, Kind, header
 
 FAIL_TOKEN = 7  # the prefill raises, after its blocks were allocated
 CUT_TOKEN = 8  # the worker dies after sending the header: the KV never arrives
-SLOW_TOKEN = 9  # the prefill takes 3 s (time for a test to kill the worker while it is in transit)
+HOLD_TOKEN = 10  # the prefill never ends (until the test kills the worker): the requests behind it stay in transit
+DIE_TOKEN = 11  # the worker exits (code 5) once every answer before this prompt's is sent, without answering it
 
 
 class FaultyPrefillWorker(PrefillWorker):
@@ -21,8 +22,11 @@ class FaultyPrefillWorker(PrefillWorker):
         if marker == FAIL_TOKEN:
             assert self.block_manager.num_used_blocks > 0  # the fault strikes while the prompt holds blocks
             raise RuntimeError("planted prefill fault")
-        if marker == SLOW_TOKEN:
-            time.sleep(3)
+        if marker == HOLD_TOKEN:
+            time.sleep(3600)
+        if marker == DIE_TOKEN:
+            self.link.flush()  # the answers before this one are out, whole
+            os._exit(5)
         return super().compute(req)
 
     def send_kv(self, req: PrefillRequest, kv: torch.Tensor, logits: torch.Tensor, start: int, end: int) -> None:

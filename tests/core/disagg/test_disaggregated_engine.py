@@ -15,10 +15,11 @@ import time
 
 import pytest
 from conftest import hf_greedy
-from faulty_worker import CUT_TOKEN, FAIL_TOKEN, SLOW_TOKEN, FaultyPrefillWorker
+from faulty_worker import CUT_TOKEN, FAIL_TOKEN, HOLD_TOKEN, FaultyPrefillWorker
 
 from labkit import ENGINES, LLM, SamplingParams
 from labkit.core.engine.base import StepFailedError
+from labkit.core.engine.errors import EngineDeadError
 from labkit.core.engine.output_processor import RequestFailedError
 from labkit.measure.corpus import story_prompts
 
@@ -167,9 +168,9 @@ def test_failed_prefill_and_cut_transfer_fail_only_their_request(bundled_path) -
         while not decoding.is_finished:  # the decode worker keeps serving what it holds
             llm.step()
         assert decoding.output_token_ids == hf_greedy(bundled_path, good[0], 30)
-        with pytest.raises(RequestFailedError) as info:  # nothing new can be prefilled, and each says why
+        assert not llm.is_alive()
+        with pytest.raises(EngineDeadError, match="exited with code 3"):  # the engine is dead: every later call
             llm.generate([good[1]], GREEDY, use_tqdm=False)
-        assert "exited with code 3" in info.value.outputs[0].outputs[0].error
         assert not llm.engine.has_unfinished_requests()
         assert llm.engine.block_manager.num_free_blocks == llm.engine.num_blocks
 
@@ -179,8 +180,8 @@ def test_killed_prefill_worker_fails_the_request_in_transit(bundled_path) -> Non
         decoding = llm.add_request([1, 200, 201], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
         while not decoding.output_token_ids:
             llm.step()
-        slow = llm.add_request([1, 70, SLOW_TOKEN], GREEDY)[0]
-        llm.step()  # dispatched: the worker sleeps in its prefill
+        slow = llm.add_request([1, 70, HOLD_TOKEN], GREEDY)[0]
+        llm.step()  # dispatched: the worker holds it in its prefill until it is killed, however fast it is
         os.kill(llm.engine.client.pid, signal.SIGKILL)
         with pytest.raises(StepFailedError, match=r"exited with code -9"):
             while True:
