@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: lab test check env clean-notebooks offline-bundle reset answer-key
+.PHONY: lab test check env clean-notebooks offline-bundle reset answer-key learner-docs guide-figures
 
 env: $(STAMP)
 
@@ -17,6 +17,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
 	# the "cpp" attention backend's kernel, built now rather than in the middle of a notebook (no compiler: skipped)
 	$(BIN)/python -m labkit.core.attention
+	# notebook 14's quantized GEMV kernels, likewise
+	$(BIN)/python -m labkit.core.quant
 	touch $(STAMP)
 
 ## Open the workbook in JupyterLab on 127.0.0.1 (works as root too).
@@ -53,3 +55,12 @@ reset: $(STAMP)
 ## Regenerate docs/answer_key.md from the notebooks and labkit's reference solutions
 answer-key: $(STAMP)
 	$(BIN)/python scripts/make_answer_key.py
+	$(BIN)/python scripts/make_learner_docs.py
+
+## Regenerate the README's path, the learner path's and instructor guide's task regions (tasks-*) from TASKS
+learner-docs: $(STAMP)
+	$(BIN)/python scripts/make_learner_docs.py
+
+## Re-render the guides' benchmark figures (figures-* regions) from docs/benchmarks/*.json, after a benchmark re-run
+guide-figures: $(STAMP)
+	$(BIN)/python scripts/make_guide_figures.py

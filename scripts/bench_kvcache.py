@@ -19,11 +19,14 @@ A full run writes docs/benchmarks/kvcache.md (a smoke run writes a file only whe
 4. Where a decode step's time goes: engine stages, a profile of the forward pass by operator, the floor set
    by the matmul kernels alone (every weight matrix times one vector, nothing else), and the attention call
    as labkit makes it against a fused grouped-query call.
-5. The same decode step against the matrix-vector (GEMV) roof (``labkit.measure.decode_roof``): the bandwidth a
-   plain GEMV reaches on a 256 MiB matrix with each kernel (``F.linear``, ``x @ W`` over an (in, out) weight,
-   oneDNN's packed layout), then the whole step with labkit's linear kernels (``labkit.core.model.linear``, "auto")
-   and with ``F.linear`` everywhere ("torch"), in interleaved rounds, each split into linear layers, attention
-   and everything else. Goal (issue #24): the whole step at >= 0.80 of the plain GEMV roof.
+5. The same decode step against the matrix-vector (GEMV) baselines (``labkit.measure.decode_roof``): the bandwidth
+   a plain GEMV reaches on a 256 MiB matrix with each kernel (``F.linear``, ``x @ W`` over an (in, out) weight,
+   oneDNN's packed layout). These are libraries' rates, baselines under the roof, which is the memory's: the
+   streaming-read bandwidth (part 3's probe; ``decode_roof.read_roof``), what no kernel can beat and what labkit's
+   own GEMV kernels aim at (``scripts/bench_quantization.py``). Then the whole step with labkit's linear kernels
+   (``labkit.core.model.linear``, "auto") and with ``F.linear`` everywhere ("torch"), in interleaved rounds, each
+   split into linear layers, attention and everything else. Goal (issue #24): the whole step at >= 0.80 of the
+   plain GEMV baseline (still named "GEMV roof" in the report's figures).
 
 Benchmarks are scripts, not timed tests: compare side by side in one run, report ratios, name the hardware.
 Timings synchronise the device before reading the clock (``StageClock``, ``labkit.measure.timing``). The parts live

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from labkit.core.device import resolve_device, resolve_dtype
 from labkit.core.engine import Engine
+from labkit.core.engine.errors import EngineDeadError
 from labkit.core.engine.input_processor import InputProcessor, Prompt, eos_token_ids
 from labkit.core.engine.output_processor import OutputProcessor, RequestFailedError
 from labkit.core.model import CausalLM, load_checkpoint, random_model
@@ -32,6 +33,8 @@ from labkit.core.model.linear import linear_kernels
 from labkit.core.model.source import BUNDLED_MODEL, ModelSource, resolve_model_source
 from labkit.core.outputs import RequestOutput
 from labkit.core.presets import default_engine, engine_preset
+from labkit.core.quant import QuantizationConfig, QuantizedMergedLinear, quantize_model, resolve_quantization
+from labkit.core.quant.config import check_compute_dtype
 from labkit.core.sampling_params import SamplingParams
 from labkit.core.sequence import Sequence
 from labkit.core.text.tokenizer import load_tokenizer
@@ -49,6 +52,8 @@ class LLM:
         device: "auto" (cuda, then mps, then cpu), or a torch device string.
         dtype: "auto" (bf16 on capable GPUs, float32 elsewhere), "float32", "bfloat16", "float16", "float64".
         seed: seeds unseeded sampled requests, so a whole run is reproducible.
+        quantization: None, "int8" or "int4" (vLLM's name), or a ``QuantizationConfig`` (int4's group size):
+            weight-only quantization of every linear layer at load (``labkit.core.quant``, notebook 14).
         **engine_options: the engine's options (vLLM names, e.g. max_model_len).
     """
 
@@ -59,6 +64,7 @@ class LLM:
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
         seed: int = 0,
+        quantization: str | QuantizationConfig | None = None,
         **engine_options: object,
     ) -> None:
         engine = engine or default_engine()
@@ -66,6 +72,9 @@ class LLM:
         self.source: ModelSource = resolve_model_source(model)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.quantization = resolve_quantization(quantization)  # unknown format: fail before loading
+        if self.quantization is not None:
+            check_compute_dtype(self.dtype)
         self.model_config = self.source.config
         config = preset.make_config(engine_options, self.model_config.max_position_embeddings)  # bad values too
         self.model: CausalLM = (
@@ -73,6 +82,8 @@ class LLM:
             if self.source.is_preset
             else load_checkpoint(self.source.checkpoint, self.device, self.dtype)  # type: ignore[arg-type]
         )
+        if self.quantization is not None:  # before the engine sizes its KV pool: the freed float weights count
+            quantize_model(self.model, self.quantization)
         self.tokenizer = load_tokenizer(self.source.tokenizer_path)
         self.engine_name: str = preset.name
         self.engine: Engine = preset.build(self.model, config)
@@ -107,10 +118,24 @@ class LLM:
             gc.collect()  # tensors held only by reference cycles (a failed step's traceback) go first
             torch.cuda.empty_cache()
 
-    def _check_open(self) -> None:
+    def _check_open(self, finishing: bool = False) -> None:
         if self.closed:
             raise RuntimeError(f"this LLM ({self.source.name}, engine {self.engine_name!r}) is closed: close() "
                                "released its model and KV memory; create a new LLM")
+        cause = self.death_cause()
+        if cause is not None and not (finishing and self.engine.has_unfinished_requests()):
+            raise EngineDeadError(cause)  # ``step`` (finishing) may still finish what the engine holds
+
+    def death_cause(self) -> str | None:
+        """Why this LLM's engine is dead (a worker process it needs is gone), or None while it is alive."""
+        probe = getattr(self.engine, "death_cause", None)  # engines with worker processes (engine.workers) have it
+        return probe() if callable(probe) else None
+
+    def is_alive(self) -> bool:
+        """False once closed, or once a worker process the engine needs has died (chapter 12's prefill worker): then
+        every later call raises ``EngineDeadError`` naming the cause (vLLM's name); ``close()`` and make a new LLM.
+        Safe to call from any thread (the server's ``/health`` does)."""
+        return not self.closed and self.death_cause() is None
 
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
         """Prompt -> token ids (strings get the tokenizer's special tokens, e.g. BOS), with clear errors."""
@@ -189,7 +214,7 @@ class LLM:
         Unlike ``generate``, a failed step raises ``StepFailedError`` naming its sequences: whoever steps
         by hand sees the fault where it happened.
         """
-        self._check_open()
+        self._check_open(finishing=True)
         return self.engine.step()
 
 
@@ -202,5 +227,7 @@ def release_weights(model: CausalLM) -> None:
         for part in vars(module).values():
             if isinstance(part, MergedLinear):
                 part.weight = part.bias = None
+            elif isinstance(part, QuantizedMergedLinear):  # notebook 14's merged int8/int4 projections
+                part.qweight = part.scales = part.bias = None
     for kernel in linear_kernels(model):  # and their oneDNN copies (labkit.core.model.linear)
         kernel.packed = kernel.packed_from = None

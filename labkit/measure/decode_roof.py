@@ -1,19 +1,22 @@
-"""How close a batch-1 decode step comes to the matrix-vector roof, and where the rest of its time goes.
+"""How close a batch-1 decode step comes to the memory's read roof, the GEMV baselines, and where its time goes.
 
 At batch 1 almost every byte a decode step moves is a weight, read once for one row: the step is a chain of
-matrix-vector products (GEMV). So its natural roof is not the copy bandwidth but the rate at which a plain GEMV
-streams a large matrix on this machine, and that rate depends on the kernel and the weight's layout:
-``measure_gemv_roof`` times PyTorch's ``F.linear`` over the usual (out, in) weight, ``x @ W`` over an (in, out) one,
-and, on a CPU in float32, oneDNN over its packed layout (``labkit.core.model.linear``). ``measure_decode_breakdown``
-splits a real decode step into the linear layers, attention and everything else. Notebook 04 (``04_prefill_vs_decode``);
-``scripts/bench_kvcache.py`` runs both on the smollm2-135m preset.
+matrix-vector products (GEMV). Its roof is the memory's: the rate at which this machine's threads can read memory at
+all, measured by summing one tensor far larger than the caches (``read_roof``; notebook 00's probe measures the
+same). No kernel streams weights faster. What a library's GEMV reaches is a **baseline** under that roof, and it
+depends on the kernel and the weight's layout: ``measure_gemv_roof`` times PyTorch's ``F.linear`` over the usual
+(out, in) weight, ``x @ W`` over an (in, out) one, and, on a CPU in float32, oneDNN over its packed layout
+(``labkit.core.model.linear``); labkit's own C++ GEMV kernels (``labkit.core.quant.gemv``, float32, int8, int4) are
+what move decode toward the roof (notebook 14). (The name ``GemvRoof`` is historical: its figures are baselines.)
+``measure_decode_breakdown`` splits a real decode step into the linear layers, attention and everything else.
+Notebook 04 (``04_prefill_vs_decode``); ``scripts/bench_kvcache.py`` runs both on the smollm2-135m preset.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +24,7 @@ import torch
 from torch.nn import functional as F
 
 from labkit.core.model.linear import LinearKernel, onednn_linear_available
+from labkit.core.quant.gemv import stream_read_bandwidth
 from labkit.core.sampling_params import SamplingParams
 from labkit.measure.roofline import decode_cost
 from labkit.measure.rounds import interleave
@@ -36,7 +40,8 @@ ONEDNN_KERNEL = "oneDNN, packed weight"
 
 @dataclass(frozen=True)
 class GemvRoof:
-    """The bandwidth one matrix-vector product reaches on a matrix far larger than the caches, per kernel.
+    """The bandwidth one matrix-vector product reaches on a matrix far larger than the caches, per kernel: library
+    baselines under the memory's read roof (``read_roof``), not the roof itself.
 
     ``plain`` is the best of PyTorch's own matmul in either layout (what "a plain GEMV" reaches); ``best`` includes
     oneDNN's packed layout where this build has it. Notebook 04.
@@ -59,6 +64,12 @@ class GemvRoof:
     def summary(self) -> str:
         rates = ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in self.bandwidth.items())
         return f"GEMV roof ({self.device}, {self.dtype}, {self.nbytes / 2**20:.0f} MiB matrix): {rates}"
+
+
+def read_roof(num_bytes: int = 256 << 20) -> float:
+    """The roof of batch-1 decode on this CPU, bytes/s: one ``num_bytes`` float32 tensor (>= 256 MB) summed by this
+    process's threads, rows split as labkit's GEMV kernels split them (``labkit.core.quant.gemv``). Notebook 14."""
+    return stream_read_bandwidth(num_bytes)
 
 
 def measure_gemv_roof(device: torch.device, dtype: torch.dtype, nbytes: int = 256 << 20, rounds: int = 5,
@@ -127,17 +138,49 @@ class DecodeBreakdown:
                 "engine (prepare, sample, detokenize)": max(0.0, self.timed_step_s - self.forward_s)}
 
 
+@contextmanager
+def device_timing_calls(owner: object, name: str, into: list[float], device: torch.device) -> Iterator[None]:
+    """``timing_calls`` that times the device's work: on CUDA a call returns once its kernels are *launched*, so a
+    host clock would time the launches; there each call is bracketed by CUDA events, read once at the end of the
+    block (no synchronisation per call). Elsewhere calls are synchronous: ``timing_calls`` itself."""
+    if device.type != "cuda":
+        with timing_calls(owner, name, into):
+            yield
+        return
+    original = getattr(owner, name)
+    pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def wrapper(*args: object, **kwargs: object) -> object:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            end.record()
+            pairs.append((start, end))
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+        torch.cuda.synchronize(device)
+        into[0] += sum(start.elapsed_time(end) for start, end in pairs) / 1e3  # elapsed_time: milliseconds
+
+
 def measure_decode_breakdown(llm: LLM, prompt_ids: list[int], num_steps: int, backend_cls: type) -> DecodeBreakdown:
     """Decode ``num_steps`` tokens after ``prompt_ids`` twice: untimed inside (the step's time), then with the linear
-    kernels and ``backend_cls.attend`` timed (the split). ``llm``: batch 1, on a CPU (calls are synchronous)."""
+    kernels and ``backend_cls.attend`` timed (the split). ``llm``: batch 1. On CUDA the calls are timed with CUDA
+    events (``device_timing_calls``), not by the host's clock, which would see only the launches."""
+    device = llm.engine.device
     params = SamplingParams(max_tokens=num_steps + 1, temperature=0.0, ignore_eos=True)
 
     def decode_steps(timers: list[list[float]] | None) -> list[StepStats]:
         before = len(llm.engine.step_stats)
         llm.add_request(prompt_ids, params)
         llm.step()  # the prefill, never timed inside
-        with (timing_calls(LinearKernel, "__call__", timers[0]) if timers else nullcontext()), \
-                (timing_calls(backend_cls, "attend", timers[1]) if timers else nullcontext()):
+        with (device_timing_calls(LinearKernel, "__call__", timers[0], device) if timers else nullcontext()), \
+                (device_timing_calls(backend_cls, "attend", timers[1], device) if timers else nullcontext()):
             while llm.engine.has_unfinished_requests():
                 llm.step()
         return [s for s in llm.engine.step_stats[before:] if not s.is_prefill]

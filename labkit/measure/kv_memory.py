@@ -1,7 +1,8 @@
 """KV-memory accounting: how much of the allocated KV memory holds tokens, under two layouts.
 
 Pure arithmetic on prompt and output lengths (no model runs), shared by notebook 06
-(``06_paged_attention``) and ``scripts/bench_paged.py``:
+(``06_paged_attention``) and ``scripts/bench_paged.py``; ``budget_tokens`` turns bytes into token slots in a pool's
+format (``kv_cache_dtype``: float, int8 or fp8; notebook 14):
 
 * **contiguous reservation** (``ContiguousLayout``, what ``kvcache`` and earlier serving systems do):
   each request reserves its longest possible length up front, ``max_model_len`` token slots or
@@ -25,6 +26,11 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
+
+import torch
+
+from labkit.core.kv.quantized_pool import check_kv_cache_dtype, kv_cache_bytes_per_token
+from labkit.core.model.config import ModelConfig
 
 
 class Request(Protocol):
@@ -218,6 +224,14 @@ def max_concurrent_seqs(requests: Sequence[Request], budget_tokens: int, layout:
         held += need
         count += 1
     return count
+
+
+def budget_tokens(config: ModelConfig, budget_bytes: int, dtype: torch.dtype = torch.float32,
+                  kv_cache_dtype: str = "auto") -> int:
+    """Token slots a KV budget of ``budget_bytes`` holds in the pool's format, scales counted (the same bytes per
+    token the engine sizes its pool with): feed it to ``max_concurrent_seqs``. Notebook 14 compares the formats at
+    equal memory; an int8 token costs head_dim + 4 bytes per head for K and for V, against 4 x head_dim in float32."""
+    return budget_bytes // kv_cache_bytes_per_token(config, dtype, check_kv_cache_dtype(kv_cache_dtype))
 
 
 def paged_blocks_per_step(requests: Sequence[Request], block_size: int) -> list[int]:

@@ -52,7 +52,7 @@ def extensions_root() -> Path:
     return cache / "labkit" / "torch_extensions" / torch.__version__
 
 
-def build_name(source: Path) -> str:
+def build_name(source: Path, prefix: str = "labkit_paged_decode") -> str:
     """The module's name: the source and this CPU's features in a hash (``-march=native`` code is not portable), so
     an edited kernel or another machine sharing the cache directory gets its own build."""
     key = hashlib.sha256(source.read_bytes())
@@ -60,7 +60,7 @@ def build_name(source: Path) -> str:
     flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "") \
         if cpuinfo.exists() else ""
     key.update(f"{sys.platform} {platform.machine()} {flags}".encode())
-    return f"labkit_paged_decode_{key.hexdigest()[:16]}"
+    return f"{prefix}_{key.hexdigest()[:16]}"
 
 
 def find_ninja() -> str | None:
@@ -101,9 +101,11 @@ def import_built(name: str, build_dir: Path) -> ModuleType | None:
     return module
 
 
-def compile_extension(source: Path) -> CppExtension:
-    """Import the kernel's earlier build, or compile it (printing one line), or say why neither is possible."""
-    name = build_name(source)
+def compile_extension(source: Path, prefix: str = "labkit_paged_decode",
+                      what: str = "C++ paged decode attention") -> CppExtension:
+    """Import the kernel's earlier build, or compile it (printing one line), or say why neither is possible.
+    ``prefix`` names the module, ``what`` the kernel in the one line (labkit.core.quant.gemv builds its own)."""
+    name = build_name(source, prefix)
     build_dir = extensions_root() / name
     try:
         module = import_built(name, build_dir)
@@ -122,7 +124,7 @@ def compile_extension(source: Path) -> CppExtension:
         return CppExtension(None, missing_ninja)
     # -fopenmp: at::parallel_for runs its OpenMP loop only when compiled with it (torch's own libgomp at run time).
     flags = ["-O3", "-fopenmp"] + (["-march=native"] if accepts_flag(compiler, "-march=native") else [])
-    print("compiling labkit's C++ paged decode attention (once, about a minute)...", flush=True)
+    print(f"compiling labkit's {what} (once, about a minute)...", flush=True)
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         module = cpp_extension.load(name, [str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],

@@ -16,12 +16,14 @@ or an iteration-level scheduler, and whether prompts are chunked under the token
 from __future__ import annotations
 
 from labkit.core.attention import resolve_attention_backend
+from labkit.core.attention.quantized_kv import with_quantized_kv
 from labkit.core.engine.base import Engine
 from labkit.core.engine.config import PagedConfig
 from labkit.core.engine.kv_sizing import pool_num_blocks
 from labkit.core.engine.model_runner import ModelRunner
 from labkit.core.engine.step import StageClock
 from labkit.core.kv.paged_pool import PagedKVPool
+from labkit.core.kv.quantized_pool import QuantizedKVPool
 from labkit.core.model import CausalLM
 from labkit.core.sched.scheduler import Scheduler
 from labkit.core.sequence import Sequence
@@ -49,9 +51,13 @@ class EngineCore(Engine):
         use_graphs = config.use_cuda_graphs(model.device.type)  # enforce_eager=False off CUDA raises here
         self.num_blocks = pool_num_blocks(model, config, self.max_num_batched_tokens)
         # One block more than the manager hands out: the scratch block padded CUDA-graph rows write to.
-        self.pool = PagedKVPool(model.config, self.num_blocks + 1, config.block_size, model.device, model.dtype)
+        pool_args = (model.config, self.num_blocks + 1, config.block_size, model.device, model.dtype)
+        self.pool = PagedKVPool(*pool_args) if config.kv_cache_dtype == "auto" else \
+            (config.kv_pool_cls or QuantizedKVPool)(*pool_args, config.kv_cache_dtype)  # 8-bit K/V (notebook 14)
         self.block_manager = config.block_manager_cls(self.num_blocks, config.block_size, config.enable_prefix_caching)
         backend = resolve_attention_backend(config.attention_backend, model.device.type, model.dtype)
+        if config.kv_cache_dtype != "auto":  # an 8-bit pool: any backend, through a float view (notebook 14)
+            backend = with_quantized_kv(backend)
         spec = config.speculative_config
         assert spec is None or isinstance(spec, SpeculativeConfig)  # made one by PagedConfig.__post_init__
         drafter: Proposer | None = None

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPTS = ["bench_kvcache.py", "bench_paged.py", "bench_engines.py", "bench_host_overhead.py"]
+SCRIPTS = ["bench_kvcache.py", "bench_paged.py", "bench_engines.py", "bench_host_overhead.py", "bench_quantization.py",
+           "bench_tensor_parallel.py"]
 # Sections a report must have beyond the common header.
 SECTIONS = {"bench_engines.py": ["## 1. Throughput", "## 1b. Batch slots", "## 1c. Where `chunked`'s time goes",
                                  "## 2. Chunked prefill"]}

@@ -1,0 +1,275 @@
+// Matrix-vector (and small-batch) products over float32, int8 and int4 weights, on the CPU.
+//
+// Decode multiplies every weight matrix by a few rows x (B, in): the arithmetic is tiny, the cost is reading the
+// weight. So each kernel streams its weight once, front to back: at::parallel_for gives each thread a contiguous
+// range of output rows (one stream per thread, which the hardware prefetcher follows), and a row is read once for all
+// B inputs (its bytes sit in L1 while each batch tile uses them). int8 and int4 weights are widened to float32 in
+// registers, never written back, so only 1 byte (int8) or half a byte plus 1/8 of a float (int4, group 32) per
+// weight leaves memory. Every output is computed by one thread in a fixed order: results do not depend on the
+// number of threads. With AVX-512 (compiled -march=native) the loops use its intrinsics; elsewhere plain loops the
+// compiler vectorises. Built by labkit/core/quant/gemv.py; introduced in notebook 14.
+//
+// Layouts: x (B, in) float32; weight rows contiguous, (out, in). int8: q (out, in) int8, scales (out,). int4: packed
+// (out, in / 2) uint8 (byte j: element 2j in the low nibble, 2j + 1 in the high, each + 8), scales
+// (out, in / group). The int4 kernel takes x with each 32-element block permuted to (even elements, odd elements),
+// so a byte's low nibbles meet x[0:16] and its high nibbles x[16:32] of the block (gemv.py permutes it).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kMaxTile = 8;  // batch rows sharing one pass over a weight row (accumulators in registers)
+
+#if defined(__AVX512F__)
+
+template <int NB>
+inline void row_f32(const float* w, const float* x, int64_t in, int64_t x_stride, float* out) {
+  __m512 acc[NB][2];
+  for (int b = 0; b < NB; ++b) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= in; i += 32) {
+    const __m512 w0 = _mm512_loadu_ps(w + i), w1 = _mm512_loadu_ps(w + i + 16);
+    for (int b = 0; b < NB; ++b) {
+      acc[b][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + b * x_stride + i), acc[b][0]);
+      acc[b][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + b * x_stride + i + 16), acc[b][1]);
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
+    for (int64_t j = i; j < in; ++j) s += w[j] * x[b * x_stride + j];
+    out[b] = s;
+  }
+}
+
+template <int NB>
+inline void row_int8(const int8_t* w, const float* x, int64_t in, int64_t x_stride, float scale, float* out) {
+  __m512 acc[NB][2];
+  for (int b = 0; b < NB; ++b) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= in; i += 32) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i));  // 32 weights
+    const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+    const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+    for (int b = 0; b < NB; ++b) {
+      acc[b][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + b * x_stride + i), acc[b][0]);
+      acc[b][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + b * x_stride + i + 16), acc[b][1]);
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
+    for (int64_t j = i; j < in; ++j) s += static_cast<float>(w[j]) * x[b * x_stride + j];
+    out[b] = s * scale;
+  }
+}
+
+// in is a multiple of group (itself a multiple of 32): checked by the caller. A nibble n becomes (n - 8) * scale by
+// a table lookup: _mm512_permutexvar_ps reads only the low 4 bits of each index lane, so the 16-entry table of the
+// group (values -8..7 times its scale) is indexed by the bytes as they are (low nibble) and shifted right by 4 (high
+// nibble): no masking, no integer-to-float conversion, and the scale is applied once per group, to the table.
+template <int NB>
+inline void row_int4(const uint8_t* w, const float* x, int64_t in, int64_t x_stride, const float* scales,
+                     int64_t group, float* out) {
+  __m512 acc[NB][2];
+  for (int b = 0; b < NB; ++b) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
+  const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t g0 = 0; g0 < in; g0 += group) {
+    const __m512 table = _mm512_mul_ps(levels, _mm512_set1_ps(scales[g0 / group]));
+    for (int64_t i = g0; i < g0 + group; i += 32) {  // 32 weights in 16 bytes
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i / 2)));
+      const __m512 even = _mm512_permutexvar_ps(bytes, table);  // elements i, i+2, ..., i+30
+      const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);  // i+1, ..., i+31
+      for (int b = 0; b < NB; ++b) {
+        acc[b][0] = _mm512_fmadd_ps(even, _mm512_loadu_ps(x + b * x_stride + i), acc[b][0]);
+        acc[b][1] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(x + b * x_stride + i + 16), acc[b][1]);
+      }
+    }
+  }
+  for (int b = 0; b < NB; ++b) out[b] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
+}
+
+#else  // portable loops: kLanes partial sums the compiler turns into vector registers
+
+constexpr int kLanes = 16;
+
+template <int NB>
+inline void row_f32(const float* w, const float* x, int64_t in, int64_t x_stride, float* out) {
+  for (int b = 0; b < NB; ++b) {
+    float part[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= in; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) part[j] += w[i + j] * x[b * x_stride + i + j];
+    float s = 0;
+    for (; i < in; ++i) s += w[i] * x[b * x_stride + i];
+    for (int j = 0; j < kLanes; ++j) s += part[j];
+    out[b] = s;
+  }
+}
+
+template <int NB>
+inline void row_int8(const int8_t* w, const float* x, int64_t in, int64_t x_stride, float scale, float* out) {
+  for (int b = 0; b < NB; ++b) {
+    float part[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= in; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) part[j] += static_cast<float>(w[i + j]) * x[b * x_stride + i + j];
+    float s = 0;
+    for (; i < in; ++i) s += static_cast<float>(w[i]) * x[b * x_stride + i];
+    for (int j = 0; j < kLanes; ++j) s += part[j];
+    out[b] = s * scale;
+  }
+}
+
+template <int NB>
+inline void row_int4(const uint8_t* w, const float* x, int64_t in, int64_t x_stride, const float* scales,
+                     int64_t group, float* out) {
+  for (int b = 0; b < NB; ++b) {
+    const float* xb = x + b * x_stride;
+    float s = 0;
+    for (int64_t g0 = 0; g0 < in; g0 += group) {
+      float part[kLanes] = {};
+      for (int64_t i = g0; i < g0 + group; i += 32)
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t byte = w[i / 2 + j];
+          part[j] += static_cast<float>((byte & 0x0F) - 8) * xb[i + j] +
+                     static_cast<float>((byte >> 4) - 8) * xb[i + 16 + j];
+        }
+      float p = 0;
+      for (int j = 0; j < kLanes; ++j) p += part[j];
+      s += p * scales[g0 / group];
+    }
+    out[b] = s;
+  }
+}
+
+#endif
+
+// Calls row(r, tile_start, NB, out_ptr) for every output row and batch tile; rows split between threads.
+template <typename RowFn>
+void for_rows(int64_t rows, int64_t batch, int64_t grain, RowFn row) {
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t b0 = 0; b0 < batch; b0 += kMaxTile) row(r, b0, std::min(kMaxTile, batch - b0));
+  });
+}
+
+#define LABKIT_TILE_DISPATCH(nb, CALL)      \
+  switch (nb) {                             \
+    case 1: CALL(1); break;                 \
+    case 2: CALL(2); break;                 \
+    case 3: CALL(3); break;                 \
+    case 4: CALL(4); break;                 \
+    case 5: CALL(5); break;                 \
+    case 6: CALL(6); break;                 \
+    case 7: CALL(7); break;                 \
+    default: CALL(8); break;                \
+  }
+
+void check_x(const torch::Tensor& x, int64_t in) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous (B, in) float32 tensor");
+  TORCH_CHECK(x.size(1) == in, "x has ", x.size(1), " inputs, the weight ", in);
+}
+
+torch::Tensor gemv_f32(const torch::Tensor& x, const torch::Tensor& w, int64_t grain) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous(),
+              "w must be a contiguous (out, in) float32 tensor");
+  const int64_t batch = x.size(0), rows = w.size(0), in = w.size(1);
+  check_x(x, in);
+  auto y = torch::empty({rows, batch}, x.options());  // (out, B): each row's outputs side by side
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+#define CALL(N) row_f32<N>(wp + r * in, xp + b0 * in, in, in, yp + r * batch + b0)
+    LABKIT_TILE_DISPATCH(nb, CALL)
+#undef CALL
+  });
+  return y.t();  // (B, out) view
+}
+
+torch::Tensor gemv_int8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales, int64_t grain) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kInt8 && q.is_contiguous(),
+              "q must be a contiguous (out, in) int8 tensor");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.numel() == q.size(0) && scales.is_contiguous(),
+              "scales must be (out,) float32");
+  const int64_t batch = x.size(0), rows = q.size(0), in = q.size(1);
+  check_x(x, in);
+  auto y = torch::empty({rows, batch}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+#define CALL(N) row_int8<N>(qp + r * in, xp + b0 * in, in, in, sp[r], yp + r * batch + b0)
+    LABKIT_TILE_DISPATCH(nb, CALL)
+#undef CALL
+  });
+  return y.t();
+}
+
+torch::Tensor gemv_int4(const torch::Tensor& x_perm, const torch::Tensor& packed, const torch::Tensor& scales,
+                        int64_t group, int64_t grain) {
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(),
+              "packed must be a contiguous (out, in / 2) uint8 tensor");
+  const int64_t batch = x_perm.size(0), rows = packed.size(0), in = packed.size(1) * 2;
+  TORCH_CHECK(group % 32 == 0 && in % group == 0, "group size must be a multiple of 32 dividing in (", in, ")");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.dim() == 2 &&
+                  scales.size(0) == rows && scales.size(1) == in / group,
+              "scales must be (out, in / group) float32");
+  check_x(x_perm, in);
+  auto y = torch::empty({rows, batch}, x_perm.options());
+  const float* xp = x_perm.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t groups = in / group;
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+#define CALL(N) row_int4<N>(wp + r * (in / 2), xp + b0 * in, in, in, sp + r * groups, group, yp + r * batch + b0)
+    LABKIT_TILE_DISPATCH(nb, CALL)
+#undef CALL
+  });
+  return y.t();
+}
+
+// The streaming-read roof: sum a large float32 tensor with the same threads and the same row split, 16 lanes of
+// partial sums (the same loads as the float32 kernel, without the second operand).
+double stream_sum(const torch::Tensor& t, int64_t grain) {
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == torch::kFloat32 && t.is_contiguous(), "t must be 2-D float32");
+  const int64_t rows = t.size(0), cols = t.size(1);
+  const float* p = t.data_ptr<float>();
+  std::vector<float> partial(rows);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = p + r * cols;
+      float acc[16] = {};
+      int64_t i = 0;
+      for (; i + 16 <= cols; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += row[i + j];
+      float s = 0;
+      for (; i < cols; ++i) s += row[i];
+      for (int j = 0; j < 16; ++j) s += acc[j];
+      partial[r] = s;
+    }
+  });
+  double total = 0;
+  for (float v : partial) total += v;
+  return total;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemv_f32", &gemv_f32, "y = x @ w.T, float32 weight (out, in)");
+  m.def("gemv_int8", &gemv_int8, "y = x @ (q * scales).T, int8 weight, one scale per row");
+  m.def("gemv_int4", &gemv_int4, "y = x @ dequant(packed).T, int4 weight two per byte, one scale per group");
+  m.def("stream_sum", &stream_sum, "sum of a 2-D float32 tensor, rows split between threads (the read roof)");
+}

@@ -1,0 +1,105 @@
+"""labkit's CPU GEMV kernels (float32, int8, int4): one C++ kernel shape that streams a weight once.
+
+``csrc/gemv_cpu.cpp`` is compiled like the ``"cpp"`` attention kernel (``labkit.core.attention.cpp_decode``: -O3,
+OpenMP, ``-march=native``; kept in the same cache), the first time a quantized layer runs on a CPU. Without a
+compiler the quantized layers dequantize and call ``F.linear`` instead (correct, slower), after one warning.
+``stream_read_bandwidth`` measures the roof these kernels are held to: one large tensor summed by the same threads.
+Introduced in notebook 14 (``14_quantization``).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from labkit.core.attention.cpp_decode import CppExtension, compile_extension
+from labkit.core.model.linear import STALL_WATCH
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_cpu.cpp"
+MAX_KERNEL_ROWS = 16  # calls with more rows (prefill) dequantize once and run a matrix-matrix product instead
+MIN_TASK_BYTES = 1 << 16  # weight bytes per thread task: below, threads cost more than they save
+
+
+@functools.cache
+def load_result() -> CppExtension:
+    return compile_extension(SOURCE, prefix="labkit_gemv", what="C++ GEMV kernels (float32, int8, int4)")
+
+
+def load_gemv(warn: bool = True) -> ModuleType | None:
+    """The compiled module, or None (with one warning per process saying why, if ``warn``)."""
+    result = load_result()
+    if result.missing is not None and warn:
+        _fallback_warning(result.missing)
+    return result.module
+
+
+@functools.cache
+def _fallback_warning(reason: str) -> None:
+    warnings.warn(f"{reason}: quantized layers dequantize and run F.linear instead of labkit's GEMV kernel",
+                  RuntimeWarning, stacklevel=4)
+
+
+def grain(rows: int, row_bytes: int) -> int:
+    """Output rows per thread task: at least MIN_TASK_BYTES of weight each; all rows on one thread while another
+    process holds a core (StallWatch in labkit.core.model.linear: a thread team would wait for it every call)."""
+    if STALL_WATCH.recent():
+        return max(1, rows)
+    return max(1, -(-MIN_TASK_BYTES // max(1, row_bytes)))
+
+
+def permute_for_int4(x: torch.Tensor) -> torch.Tensor:
+    """(B, in) -> (B, in): each block of 32 inputs reordered to (even inputs, odd inputs), so a packed byte's low
+    nibbles (even elements) meet the block's first 16 inputs and its high nibbles (odd elements) the last 16."""
+    b, n = x.shape
+    return x.reshape(b, n // 32, 16, 2).transpose(2, 3).reshape(b, n).contiguous()  # (B, in)
+
+
+def gemv_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (B, in) float32, weight (out, in) float32 contiguous -> (B, out)."""
+    module = _module()
+    return module.gemv_f32(x.contiguous(), weight, grain(weight.shape[0], weight.shape[1] * 4))
+
+
+def gemv_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x (B, in) float32, q (out, in) int8, scales (out,) float32 -> (B, out)."""
+    module = _module()
+    return module.gemv_int8(x.contiguous(), q, scales, grain(q.shape[0], q.shape[1]))
+
+
+def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x (B, in) float32, packed (out, in / 2) uint8, scales (out, in / group_size) float32 -> (B, out)."""
+    module = _module()
+    row_bytes = packed.shape[1] + scales.shape[1] * 4
+    return module.gemv_int4(permute_for_int4(x), packed, scales, group_size, grain(packed.shape[0], row_bytes))
+
+
+def _module() -> ModuleType:
+    module = load_gemv()
+    if module is None:
+        raise RuntimeError(f"labkit's C++ GEMV kernels are not available: {load_result().missing}")
+    return module
+
+
+def stream_read_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second at which this process's threads read memory: the fastest of ``repeats`` sums of one
+    ``num_bytes`` float32 tensor (at least 256 MB: far past the caches), rows split as the kernels split them. The
+    roof of batch-1 decode: no kernel reads weights faster than this."""
+    if num_bytes < 256 << 20:
+        raise ValueError(f"the read roof needs a tensor of at least 256 MB (past every cache), got {num_bytes} bytes")
+    cols = 4096
+    t = torch.ones(num_bytes // (4 * cols), cols)  # (rows, 4096) float32, written once (pages touched)
+    module = load_gemv(warn=False)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        if module is not None:
+            module.stream_sum(t, grain(t.shape[0], cols * 4))
+        else:
+            t.sum()
+        best = min(best, time.perf_counter() - start)
+    return t.numel() * 4 / best

@@ -1,0 +1,142 @@
+"""``QuantizedLinear``: a linear layer whose weight is stored as int8 or int4 (with scales) and never as floats.
+
+Its buffers are ``qweight`` (int8 (out, in), or uint8 (out, in / 2) for int4: labkit.core.quant.int4's packing)
+and ``scales`` (float32: (out,) or (out, in / group_size)), plus the float ``bias`` if the layer had one; they are in
+``state_dict`` under the layer's name (``...q_proj.qweight``). A call with few rows on a CPU in float32 (decode) runs
+labkit's GEMV kernel (``labkit.core.quant.gemv``), which reads the packed bytes and widens them in registers; any
+other call (prefill, another device or dtype, no compiler) dequantizes the weight for that call and runs
+``F.linear``. ``QuantizedMergedLinear`` is ``MergedLinear``'s counterpart (q, k, v or gate, up in one call): its
+layers' buffers are views into one merged tensor. Introduced in notebook 14 (``14_quantization``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from labkit.core.quant import gemv
+from labkit.core.quant.config import QuantizationConfig
+from labkit.core.quant.weights import Quantizer, dequantize_weight, quantize_weight
+
+
+def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, group_size: int,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """(..., in) -> (..., out): the GEMV kernel for decode-shaped calls on a CPU in float32, else dequantize and
+    ``F.linear`` in x's dtype."""
+    n_in = qweight.shape[1] * (2 if method == "int4" else 1)
+    rows = x.numel() // n_in
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and rows <= gemv.MAX_KERNEL_ROWS
+            and gemv.load_gemv() is not None):
+        x2 = x.reshape(rows, n_in)  # (B, in)
+        if method == "int8":
+            y = gemv.gemv_int8(x2, qweight, scales)
+        else:
+            y = gemv.gemv_int4(x2, qweight, scales, group_size)  # (B, out)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*x.shape[:-1], -1)
+    return F.linear(x, dequantize(qweight, scales, method, group_size, x.dtype), bias)
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, group_size: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    return dequantize_weight(qweight, scales, method, group_size, dtype)
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer over an int8 or int4 weight (weight-only quantization; activations stay float). Notebook 14."""
+
+    def __init__(self, in_features: int, out_features: int, config: QuantizationConfig, bias: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.method, self.group_size = config.method, config.group_size
+        if config.method == "int8":
+            self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+            self.register_buffer("scales", torch.ones(out_features, device=device))
+        else:
+            self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8,
+                                                        device=device))
+            self.register_buffer("scales", torch.ones(out_features, in_features // config.group_size, device=device))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False) \
+            if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: QuantizationConfig,
+                    quantizer: Quantizer = quantize_weight) -> QuantizedLinear:
+        """Quantize ``linear``'s weight with ``quantizer`` (its bias stays float)."""
+        weight = linear.weight.detach()
+        layer = cls(linear.in_features, linear.out_features, config, bias=linear.bias is not None,
+                    device=weight.device, dtype=weight.dtype)
+        qweight, scales = quantizer(weight, config.method, config.group_size)
+        layer.qweight, layer.scales = qweight.contiguous(), scales.contiguous()
+        if linear.bias is not None:
+            layer.bias.data = linear.bias.detach().clone()  # type: ignore[union-attr]
+        return layer
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.method == "int4" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.method}{group}"
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(out, in) in ``dtype``: what the layer multiplies by."""
+        return dequantize(self.qweight, self.scales, self.method, self.group_size, dtype)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a decode step reads for this layer's weight: packed values and scales."""
+        return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * self.scales.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quantized_matmul(x, self.qweight, self.scales, self.method, self.group_size, self.bias)
+
+
+class QuantizedMergedLinear:
+    """Several ``QuantizedLinear`` layers that read the same input, run as one call (``MergedLinear``'s counterpart:
+    q, k, v and gate, up). Their buffers become views into one merged tensor, so loading into them fills it; if the
+    buffers are replaced (``model.to(...)``), the next call merges again. Notebook 14."""
+
+    def __init__(self, *linears: QuantizedLinear) -> None:
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        self.qweight: torch.Tensor | None = None
+        self.scales: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.merged(x).split(self.sizes, dim=-1)
+
+    def merged(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., sum of out_features)."""
+        if not self._is_merged():
+            self._merge()
+        first = self.linears[0]
+        return quantized_matmul(x, self.qweight, self.scales, first.method, first.group_size,  # type: ignore[arg-type]
+                                self.bias)
+
+    def _is_merged(self) -> bool:
+        if self.qweight is None:
+            return False
+        for name in ("qweight", "scales"):
+            whole = getattr(self, name)
+            offset = whole.data_ptr()
+            for lin in self.linears:
+                part = getattr(lin, name)
+                if part.data_ptr() != offset:
+                    return False
+                offset += part.numel() * part.element_size()
+        return True
+
+    def _merge(self) -> None:
+        with torch.inference_mode(False), torch.no_grad():  # plain tensors even if first called in inference mode
+            for name in ("qweight", "scales"):
+                whole = torch.cat([getattr(lin, name) for lin in self.linears])  # (sum of out, ...)
+                setattr(self, name, whole)
+                for lin, part in zip(self.linears, whole.split(self.sizes)):
+                    setattr(lin, name, part)  # a view: the layer's buffer now lives in the merged tensor
+            self.bias = None
+            if all(lin.bias is not None for lin in self.linears):
+                self.bias = torch.cat([lin.bias for lin in self.linears])  # type: ignore[misc]
+                for lin, part in zip(self.linears, self.bias.split(self.sizes)):
+                    lin.bias.data = part  # type: ignore[union-attr]

@@ -1,0 +1,106 @@
+"""int8 (per output channel) and int4 (group-wise, two per byte): error bounds, packing, the GEMV kernels against
+the dequantized reference, and the errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit.core.quant import (
+    QuantizationConfig,
+    QuantizedLinear,
+    dequantize_int4,
+    dequantize_int8,
+    gemv,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+    resolve_quantization,
+    unpack_int4,
+)
+from labkit.core.quant.config import check_compute_dtype
+
+
+def weights(out: int = 48, n: int = 128, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, n, generator=gen)
+    w *= torch.logspace(-3, 1, out)[:, None]  # rows of very different magnitude: a per-column scale fails them
+    w[3] = 0.0  # a row of zeros: its scale must stay positive
+    return w
+
+
+def test_int8_round_trip_within_half_a_step_per_row() -> None:
+    w = weights()
+    q, scales = quantize_int8(w)
+    assert q.dtype == torch.int8 and scales.shape == (w.shape[0],) and bool((scales > 0).all())
+    assert int(q.abs().max()) == 127  # the largest magnitude of a row maps to the end of the range
+    err = (dequantize_int8(q, scales) - w).abs()
+    assert bool((err <= scales[:, None] / 2 + 1e-6 * scales[:, None]).all())
+
+
+def test_int8_saturates_with_a_given_smaller_scale() -> None:
+    w = torch.tensor([[1.0, -1.0, 0.5]])
+    q, _ = quantize_int8(w, torch.tensor([0.5 / 127]))
+    assert q.tolist() == [[127, -127, 127]]  # clamped, not wrapped around to negative
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_int4_round_trip_within_half_a_step_per_group(group_size: int) -> None:
+    w = weights()
+    packed, scales = quantize_int4(w, group_size)
+    assert packed.dtype == torch.uint8 and packed.shape == (w.shape[0], w.shape[1] // 2)
+    assert scales.shape == (w.shape[0], w.shape[1] // group_size) and bool((scales > 0).all())
+    err = (dequantize_int4(packed, scales, group_size) - w).abs()
+    step = scales.repeat_interleave(group_size, dim=1)  # (out, in)
+    assert bool((err <= step / 2 + 1e-6 * step).all())
+
+
+def test_int4_nibble_order() -> None:
+    q = torch.tensor([[-8, 7, 0, -1]])
+    packed = pack_int4(q)
+    assert packed.tolist() == [[(-8 + 8) | ((7 + 8) << 4), (0 + 8) | ((-1 + 8) << 4)]]  # element 2j: low nibble
+    assert unpack_int4(packed).tolist() == q.tolist()
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8, 11])
+def test_kernels_match_the_dequantized_reference(batch: int) -> None:
+    if gemv.load_gemv(warn=False) is None:
+        pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
+    w, x = weights(96, 192, seed=1), torch.randn(batch, 192, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(gemv.gemv_f32(x, w), x @ w.T, rtol=1e-4, atol=1e-4)
+    q, s = quantize_int8(w)
+    torch.testing.assert_close(gemv.gemv_int8(x, q, s), x @ dequantize_int8(q, s).T, rtol=1e-4, atol=1e-4)
+    for g in (32, 64):
+        p, s4 = quantize_int4(w, g)
+        torch.testing.assert_close(gemv.gemv_int4(x, p, s4, g), x @ dequantize_int4(p, s4, g).T, rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_kernel_result_does_not_depend_on_threads() -> None:
+    if gemv.load_gemv(warn=False) is None:
+        pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
+    w, x = weights(4096, 256, seed=3), torch.randn(2, 256)
+    q, s = quantize_int8(w)
+    module = gemv.load_gemv()
+    assert torch.equal(module.gemv_int8(x, q, s, 1), module.gemv_int8(x, q, s, 4096))  # many tasks vs one
+
+
+def test_quantized_linear_decode_and_prefill_paths_agree() -> None:
+    lin = torch.nn.Linear(128, 40, bias=True)
+    for config in (QuantizationConfig("int8"), QuantizationConfig("int4", 64)):
+        layer = QuantizedLinear.from_linear(lin, config)
+        x = torch.randn(2, 20, 128)  # 40 rows: the dequantize-and-F.linear path
+        ref = torch.nn.functional.linear(x, layer.dequantized_weight(), lin.bias)
+        torch.testing.assert_close(layer(x), ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(layer(x[:, :1]), ref[:, :1], rtol=1e-4, atol=1e-4)  # 2 rows: the kernel
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(ValueError, match="quantization='fp4' is not supported.*'int8', 'int4'"):
+        resolve_quantization("fp4")
+    with pytest.raises(ValueError, match="group_size must be one of 32, 64, 128"):
+        QuantizationConfig("int4", group_size=48)
+    with pytest.raises(ValueError, match="in_features divisible by 64.*in_features=96"):
+        quantize_int4(torch.randn(4, 96), 64)
+    with pytest.raises(ValueError, match="not torch.float64"):
+        check_compute_dtype(torch.float64)
