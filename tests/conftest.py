@@ -57,11 +57,14 @@ RANDOM_KINDS: dict[str, Callable[[int], object]] = {
 # ``make check`` (the fast tier) leaves these out with ``-m "not integration and not slow"``: they start servers,
 # worker processes, subprocesses or whole benchmark runs. ``make test`` (CI) runs everything.
 INTEGRATION = (
-    "tests/serving/", "tests/core/disagg/", "tests/e2e/", "tests/measure/loadgen/test_bench_scripts.py",
+    "tests/serving/", "tests/core/disagg/", "tests/core/parallel/test_tp_engine.py",
+    "tests/course/test_ch15_tensor_parallelism.py::test_task_b_reference_passes_inside_the_two_process_engine",
+    "tests/e2e/", "tests/measure/loadgen/test_bench_scripts.py",
     "tests/measure/loadgen/test_bench_serve.py", "tests/measure/test_verdicts_under_load.py",
     "tests/measure/profiling/test_quiet_profiler.py", "tests/course/test_gpu_check.py",
     "tests/course/test_time_notebooks.py", "tests/course/test_reset.py", "tests/course/test_offline_bundle.py",
     "tests/core/reliability/test_interrupts.py", "tests/core/engine/test_stress.py",
+    "tests/core/reliability/test_workers.py",
     # a fresh Python process each (import checks, a compiler taken away, a kernel compiled ahead of time)
     "tests/test_architecture.py::test_a_planted", "tests/test_architecture.py::test_import_labkit",
     "tests/test_architecture.py::test_choosing_a_backend",
@@ -70,6 +73,7 @@ INTEGRATION = (
     "tests/core/attention/test_cpp_backend.py::test_a_failed_build",
     "tests/core/attention/test_triton_backend.py::test_without_triton",
     "tests/core/attention/test_triton_backend.py::test_compiles_ahead",
+    "tests/core/attention/test_triton_gpu_path.py::test_no_register_spills",
 )
 
 

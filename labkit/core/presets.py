@@ -21,6 +21,7 @@ from labkit.core.engine.engine_core import EngineCore
 from labkit.core.engine.kvcache import KVCacheEngine
 from labkit.core.engine.naive import NaiveEngine
 from labkit.core.model import CausalLM
+from labkit.core.parallel import TensorParallelEngineCore
 from labkit.core.sched.static import StaticScheduler
 
 # Options only a preset sets: they are what makes it that stage of the workbook.
@@ -67,6 +68,8 @@ class EnginePreset:
         cls = self.engine_cls
         if cls is EngineCore and isinstance(config, PagedConfig) and config.async_scheduling:
             cls = AsyncEngineCore
+        if cls in (EngineCore, AsyncEngineCore) and isinstance(config, PagedConfig) and config.tensor_parallel_size > 1:
+            cls = TensorParallelEngineCore  # rank 0 of N (notebook 15); refuses async_scheduling with a clear error
         engine = cls(model, config)  # type: ignore[arg-type]
         engine.name = self.name  # type: ignore[misc]  # the stage it runs as ("paged", "continuous", "chunked")
         return engine
@@ -77,12 +80,13 @@ ENGINES: dict[str, EnginePreset] = {p.name: p for p in [
     EnginePreset("kvcache", KVCacheEngine, "a contiguous KV cache and static, padded batches"),
     EnginePreset("paged", EngineCore, "static batches over a paged KV pool",
                  defaults={"scheduler_cls": StaticScheduler}, static_batches=True,
-                 not_taken=("max_num_batched_tokens", "speculative_config")),
+                 not_taken=("max_num_batched_tokens", "speculative_config", "tensor_parallel_size")),
     EnginePreset("continuous", EngineCore, "iteration-level scheduling: requests join and leave at every step"),
     EnginePreset("chunked", EngineCore, "continuous batching with prompts in chunks under a per-step token budget",
                  defaults={"enable_chunked_prefill": True}),
     # Two processes (notebook 12): listed after the default, never it.
-    EnginePreset("disaggregated", DisaggregatedEngine, "a prefill worker in a second process, KV moved between them"),
+    EnginePreset("disaggregated", DisaggregatedEngine, "a prefill worker in a second process, KV moved between them",
+                 not_taken=("tensor_parallel_size", "kv_cache_dtype")),  # its KV travels in the model's dtype
 ]}
 DEFAULT_ENGINE = "chunked"  # the most complete single-process engine
 

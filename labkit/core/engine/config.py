@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from labkit.core.attention import ATTENTION_BACKENDS, AUTO, PagedAttentionBackend, resolve_attention_backend
+from labkit.core.attention.metadata import captures_own_decode
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.kv.contiguous import ContiguousKVCache
+from labkit.core.kv.quantized_pool import QuantizedKVPool, check_kv_cache_dtype
 from labkit.core.sched.scheduler import Scheduler
 from labkit.core.spec_decode.config import SpeculativeConfig
 
@@ -85,6 +87,8 @@ class PagedConfig(EngineConfig):
     kv_cache_memory: int | None = None  # pool size in bytes (all layers, K and V)
     gpu_memory_utilization: float = 0.9  # on CUDA: share of free memory the pool may take
     enable_prefix_caching: bool = False
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "int8" or "fp8": 8-bit K/V (notebook 14)
+    kv_pool_cls: type[QuantizedKVPool] | None = None  # the 8-bit pool's class (a learner's: notebook 14's Build task)
     # Pluggable parts (vLLM's names): classes, or their import paths "module.Class" (made classes on creation).
     scheduler_cls: type[Scheduler] | None = None  # None: the engine's own (static for "paged")
     block_manager_cls: type[BlockManager] = BlockManager
@@ -99,14 +103,23 @@ class PagedConfig(EngineConfig):
     # Decode batch sizes captured at start-up (vLLM's name). None: capture_sizes(max_num_seqs).
     cuda_graph_sizes: tuple[int, ...] | None = None
     async_scheduling: bool = False  # plan step N+1 while the device runs step N (continuous, chunked; notebook 10)
+    # Shard the model over N ranks, Megatron-style (continuous, chunked; notebook 15, labkit.core.parallel).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         check_positive_int("max_num_seqs", self.max_num_seqs)
         check_positive_int("block_size", self.block_size)
+        check_positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.num_gpu_blocks is not None:
             check_positive_int("num_gpu_blocks", self.num_gpu_blocks)
         if self.kv_cache_memory is not None and (not isinstance(self.kv_cache_memory, int) or self.kv_cache_memory < 1):
             raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
+        if self.kv_pool_cls is not None:
+            if self.kv_cache_dtype == "auto":
+                raise ValueError("kv_pool_cls is the class of an 8-bit KV pool: give kv_cache_dtype='int8' or "
+                                 "'fp8' with it")
+            self.kv_pool_cls = resolve_class("kv_pool_cls", self.kv_pool_cls, QuantizedKVPool)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.prepare_inputs not in ("loop", "vectorized"):
@@ -137,8 +150,15 @@ class PagedConfig(EngineConfig):
     def use_cuda_graphs(self, device_type: str) -> bool:
         """Whether decode steps run as CUDA graphs on this device: ``enforce_eager=None`` means yes on CUDA and no
         elsewhere (vLLM's default on a GPU); ``enforce_eager=False`` off CUDA is an error, not a silent no-op."""
-        # A captured decode step replays labkit's own decode attention: another backend (a learner's) runs eagerly.
-        own_backend = resolve_attention_backend(self.attention_backend, device_type) is ATTENTION_BACKENDS["torch"]
+        # A captured decode step replays the backend's graph_decode: labkit's PyTorch path, or the backend's own
+        # kernel ("triton"); a backend that brings none (a learner's) would be bypassed, so it runs eagerly.
+        backend = resolve_attention_backend(self.attention_backend, device_type)
+        own_backend = backend is ATTENTION_BACKENDS["torch"] or captures_own_decode(backend)
+        own_backend = own_backend and self.kv_cache_dtype == "auto"  # graphs replay a float pool's decode
+        if self.tensor_parallel_size > 1:  # a captured step would replay no all-reduce with the other ranks
+            if self.enforce_eager is False:
+                raise ValueError("enforce_eager=False (CUDA graphs) is not supported with tensor_parallel_size > 1")
+            return False
         if self.enforce_eager is None:
             return device_type == "cuda" and own_backend
         if not self.enforce_eager and device_type != "cuda":
