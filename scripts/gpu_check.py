@@ -11,31 +11,41 @@ roof), and async scheduling + CUDA graphs repeated (a stability check: the same 
 JSON and one Markdown report, both naming the hardware, to ``docs/benchmarks/gpu/`` (or ``--out DIR``). Design
 goal: under 8 minutes on one H100/H200-class GPU. ``--dry-run`` runs the same plan on the CPU with a small preset,
 1-2 decode steps and one notebook, skipping what needs CUDA with the reason recorded (the test suite runs it).
+Both plans also compile the Triton kernel ahead of time for sm_90 (``ptxas -v``: registers, no spills) and check
+its float32 precision against a float64 reference (IEEE dots, not TF32). The reports are rewritten after every check,
+so a run that is cut short still leaves what it measured; a check that cannot run is reported as skipped, with why.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
 import os
-import random
-import re
-import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-import torch
+if __name__ == "__main__" and "--dry-run" in sys.argv[1:]:
+    # The dry run is the CPU plan wherever it runs: on a GPU host too, the GPU stays hidden (so Triton chooses its
+    # interpreter, which must happen before anything imports triton, and the notebooks run on the CPU).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["TRITON_INTERPRET"] = "1"
 
-from labkit import ATTENTION_BACKENDS, LLM, SamplingParams
-from labkit.measure.benchmarks.attention_kernel import attention_kernel_markdown, attention_kernel_rows
-from labkit.measure.hardware import DeviceRoof, describe_device, probe
-from labkit.measure.roofline import decode_cost
+import argparse  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from labkit import ATTENTION_BACKENDS, LLM, SamplingParams  # noqa: E402
+from labkit.measure.benchmarks.attention_kernel import attention_kernel_markdown, attention_kernel_rows  # noqa: E402
+from labkit.measure.hardware import DeviceRoof, describe_device, probe  # noqa: E402
+from labkit.measure.roofline import decode_cost  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +157,7 @@ def decode_mbu(plan: Plan, roof: DeviceRoof, graphs: bool, backend: str) -> list
                 whole += [s.duration for s in decode]
             cost = decode_cost(llm.model_config, batch, plan.prompt_len + plan.decode_steps // 2, llm.dtype.itemsize)
             f, w = statistics.median(forward), statistics.median(whole)
-            rows.append({"batch": batch, "graphs": graphs, "attention_backend": "(graph decode)" if graphs else backend,
+            rows.append({"batch": batch, "graphs": graphs, "attention_backend": backend,
                          "forward_ms": f * 1e3, "step_ms": w * 1e3, "bytes_per_step": cost.total_bytes,
                          "mbu_forward": cost.total_bytes / f / roof.memory_bandwidth,
                          "mbu_step": cost.total_bytes / w / roof.memory_bandwidth})
@@ -158,8 +168,9 @@ def check_mbu(plan: Plan, roof: DeviceRoof, backends: list[str]) -> dict:
     rows, skipped = [], []
     for backend in backends:
         rows += decode_mbu(plan, roof, False, backend)
-    if plan.device == "cuda":  # graphs replace the attention backend in decode steps: measured once
-        rows += decode_mbu(plan, roof, True, backends[0])
+    if plan.device == "cuda":  # graphs capture each backend's own decode ("torch": the padded path; "triton": its
+        for backend in backends:  # kernel), so every backend has a graph row to compare with its eager one
+            rows += decode_mbu(plan, roof, True, backend)
     else:
         skipped.append("CUDA graphs: they need CUDA")
     rows.sort(key=lambda r: (r["batch"], r["graphs"]))
@@ -190,6 +201,56 @@ def check_stability(plan: Plan) -> dict:
     ok = all(r["same_tokens"] for r in runs) and late == 0
     return {"status": "passed" if ok else "failed", "model": plan.stability_model, "graphs": graphs is not None,
             "runs": runs, "captures_after_start": late}
+
+
+def check_kernel_registers(plan: Plan) -> dict:
+    """The Triton kernel compiled ahead of time for sm_90 as a GPU launch compiles it (``triton_aot``): registers
+    per thread and spills, at head_dim 64 and 128, bfloat16 and float32. No GPU needed (ptxas ships with triton)."""
+    from labkit.core.attention import TRITON_MISSING
+
+    if TRITON_MISSING is not None:
+        raise Skipped(f"needs the triton package: {TRITON_MISSING}")
+    done = subprocess.run([sys.executable, "-m", "labkit.core.attention.triton_aot"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=plan.timeout_s, env={**ENV, "TRITON_INTERPRET": "0"})
+    if done.returncode != 0:
+        raise RuntimeError(f"ahead-of-time compilation failed: {done.stderr[-1500:]}")
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    spills = [r for r in rows if r["spills"]]
+    return {"status": "failed" if spills else "passed", "rows": rows, "spilling": len(spills)}
+
+
+def check_triton_precision(plan: Plan) -> dict:
+    """The Triton kernel on a float32 pool within notebook 11's tolerance (1e-4) of a float64 softmax: on a GPU this
+    fails if its dots run in TF32. Under the interpreter in the dry run (which computes float32 dots exactly)."""
+    from labkit.core.attention import TRITON_MISSING
+
+    if TRITON_MISSING is not None:
+        raise Skipped(f"needs the triton package: {TRITON_MISSING}")
+    from labkit.core.attention.triton_decode import dot_precision, is_interpreting, paged_decode_attention
+
+    if plan.device != "cuda" and not is_interpreting():
+        raise Skipped("Triton was imported without its interpreter and there is no GPU: run with --dry-run")
+    dev, gen = torch.device(plan.device), torch.Generator().manual_seed(0)
+    n_kv, group, d, block, lens = 2, 4, 64, 16, [45, 300 if plan.device == "cuda" else 70]
+    blocks = sum(-(-c // block) for c in lens)
+    k_pool = torch.randn(blocks, block, n_kv, d, generator=gen) * 2  # notebook 11's scales
+    v_pool = torch.randn(blocks, block, n_kv, d, generator=gen) * 3
+    q = torch.randn(len(lens), group * n_kv, d, generator=gen)
+    order = torch.randperm(blocks, generator=gen).tolist()
+    tables, want = [], torch.empty(q.shape, dtype=torch.float64)
+    for i, c in enumerate(lens):
+        n = -(-c // block)
+        table, order = order[:n], order[n:]
+        tables.append(table + [0] * (-(-max(lens) // block) - len(table)))
+        keys, values = k_pool[table].flatten(0, 1)[:c].double(), v_pool[table].flatten(0, 1)[:c].double()
+        for h in range(group * n_kv):
+            want[i, h] = torch.softmax(keys[:, h // group] @ q[i, h].double() / d ** 0.5, 0) @ values[:, h // group]
+    out = paged_decode_attention(q.to(dev), k_pool.to(dev), v_pool.to(dev),
+                                 torch.tensor(tables, dtype=torch.int32, device=dev),
+                                 torch.tensor(lens, dtype=torch.int32, device=dev), max(lens))
+    error = float((out.cpu().double() - want).abs().max())
+    return {"status": "passed" if error <= 1e-4 else "failed", "max_abs_diff": error, "tolerance": 1e-4,
+            "dot_precision": dot_precision(torch.float32), "interpreter": is_interpreting()}
 
 
 def slug(text: str) -> str:
@@ -224,6 +285,19 @@ def markdown(report: dict) -> str:
         lines += [f"\nNot measured here: {s}." for s in mbu["skipped"]]
     if by_name.get("decode attention", {}).get("rows"):
         lines += attention_kernel_markdown(by_name["decode attention"])
+    registers = by_name.get("kernel registers (sm_90)", {})
+    if registers.get("rows"):
+        lines += ["", "## Triton kernel registers (sm_90, ptxas, ahead of time)", "",
+                  "| kernel | head_dim | pool | warps | registers | spill stores | spill loads | TF32 MMA |",
+                  "|---|---:|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {r['kernel']} | {r['head_dim']} | {r['dtype']} | {r['num_warps']} | {r['registers']} | "
+                  f"{r['spill_stores']} | {r['spill_loads']} | {'yes' if r['tf32_mma'] else 'no'} |"
+                  for r in registers["rows"]]
+    precision = by_name.get("triton float32 precision", {})
+    if "max_abs_diff" in precision:
+        lines += ["", f"Triton kernel on a float32 pool: largest difference from a float64 softmax "
+                  f"{precision['max_abs_diff']:.2g} (tolerance {precision['tolerance']}; dots in "
+                  f"{precision['dot_precision']}{', under the interpreter' if precision['interpreter'] else ''})."]
     stable = by_name.get("async + graphs stability", {})
     if stable.get("runs"):
         lines += ["", f"## Stability: async scheduling{' + CUDA graphs' if stable['graphs'] else ''} "
@@ -252,29 +326,51 @@ def main(argv: list[str] | None = None) -> int:
     if args.notebook_workers is not None:
         plan = Plan(**{**asdict(plan), "notebook_workers": args.notebook_workers})
     start, device = time.perf_counter(), torch.device(plan.device)
+    report = {"dry_run": args.dry_run, "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "command": " ".join([".venv/bin/python", "scripts/gpu_check.py", *(argv or sys.argv[1:])]),
+              "seconds": 0.0, "hardware": describe_device(device), "plan": asdict(plan), "checks": [],
+              "complete": False}
+    stem = "dry-run" if args.dry_run else slug(report["hardware"]["name"])
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def write() -> None:
+        """Both reports as they stand: rewritten after every check, so a run cut short keeps what it measured."""
+        report["seconds"] = time.perf_counter() - start
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (args.out / f"{stem}.md").write_text(markdown(report), encoding="utf-8")
+
+    checks: list[Check] = []
+
+    def run(name: str, fn: Callable[[], dict]) -> None:
+        checks.append(run_check(name, fn))
+        report["checks"].append(asdict(checks[-1]))
+        write()
+
     roofs: list[DeviceRoof] = []
 
     def hardware() -> dict:
         roofs.append(probe(device, plan.dtype, smoke=args.dry_run))
         return asdict(roofs[0])
 
-    checks = [run_check("hardware probe", hardware), run_check("CUDA tests", lambda: check_cuda_tests(plan)),
-              run_check("notebooks", lambda: check_notebooks(plan))]
+    def roof() -> DeviceRoof:
+        if not roofs:  # reported as skipped, with the reason, never dropped from the report
+            raise Skipped("needs the hardware probe's measured roof, and the probe failed (see its row)")
+        return roofs[0]
+
     backends = args.attention_backend or (["torch"] if args.dry_run else
                                           [b for b in ATTENTION_BACKENDS if b != "cpp"])  # "cpp": the CPU's
-    if roofs:
-        checks.append(run_check("decode MBU", lambda: check_mbu(plan, roofs[0], backends)))
-        checks.append(run_check("decode attention", lambda: attention_kernel_rows(
-            plan.device, plan.dtype, roofs[0].memory_bandwidth, args.dry_run)))
-    checks.append(run_check("async + graphs stability", lambda: check_stability(plan)))
-    report = {"dry_run": args.dry_run, "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": " ".join([".venv/bin/python", "scripts/gpu_check.py", *(argv or sys.argv[1:])]),
-              "seconds": time.perf_counter() - start, "hardware": describe_device(device), "plan": asdict(plan),
-              "checks": [asdict(c) for c in checks]}
-    stem = "dry-run" if args.dry_run else slug(report["hardware"]["name"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (args.out / f"{stem}.md").write_text(markdown(report), encoding="utf-8")
+    write()
+    run("hardware probe", hardware)
+    run("CUDA tests", lambda: check_cuda_tests(plan))
+    run("kernel registers (sm_90)", lambda: check_kernel_registers(plan))
+    run("triton float32 precision", lambda: check_triton_precision(plan))
+    run("notebooks", lambda: check_notebooks(plan))
+    run("decode MBU", lambda: check_mbu(plan, roof(), backends))
+    run("decode attention", lambda: attention_kernel_rows(plan.device, plan.dtype, roof().memory_bandwidth,
+                                                          args.dry_run))
+    run("async + graphs stability", lambda: check_stability(plan))
+    report["complete"] = True
+    write()
     print(f"wrote {args.out / stem}.json and .md in {report['seconds']:.0f} s")
     return 1 if any(c.status == "failed" for c in checks) else 0
 

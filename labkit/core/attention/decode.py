@@ -44,15 +44,33 @@ def decode_mask(tables: torch.Tensor, block_size: int, context_lens: torch.Tenso
     return (k_pos[None, :] < context_lens[:, None])[:, None, None, :]
 
 
+def folded_decode_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       mask: torch.Tensor | None) -> torch.Tensor:
+    """One new token per sequence, GQA folded into the query dimension: q (B, n_heads, d), keys and values
+    (B, S, n_kv, d), mask broadcastable to (B, 1, 1, S) -> (B, n_heads, d).
+
+    The G query heads that share a KV head become G query *positions* of that one head: the call has as many query
+    heads as K/V heads, so no K/V head is repeated (``repeat_kv`` would copy each G times), and on CUDA the fused
+    memory-efficient kernel, which takes a mask but not GQA, runs it. One token has no causal order among its heads,
+    so the folding changes nothing but the layout.
+    """
+    b, n_heads, d = q.shape
+    n_kv = keys.shape[2]
+    q_folded = q.view(b, n_kv, n_heads // n_kv, d).transpose(1, 2)  # (B, G, n_kv, d): head kv * G + g -> (g, kv)
+    out = sdpa(q_folded, keys, values, mask=mask, is_causal=False)  # (B, G, n_kv, d)
+    return out.transpose(1, 2).reshape(b, n_heads, d)
+
+
 def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
                      mask: torch.Tensor) -> torch.Tensor:
     """One new token per sequence, batched: q (B, n_heads, d) -> (B, n_heads, d).
 
-    Shapes depend only on B and the table width, never on the data, so a CUDA graph can replay it.
+    Shapes depend only on B and the table width, never on the data, so a CUDA graph can replay it. The GQA group is
+    folded into the query dimension (``folded_decode_sdpa``), so the masked call needs no repeated K/V heads.
     """
     keys = k_pool[tables].flatten(1, 2)  # (B, S, n_kv, d): gather each sequence's blocks
     values = v_pool[tables].flatten(1, 2)
-    return sdpa(q[:, None], keys, values, mask=mask, is_causal=False)[:, 0]  # (B, n_heads, d)
+    return folded_decode_sdpa(q, keys, values, mask)  # (B, n_heads, d)
 
 
 @dataclass

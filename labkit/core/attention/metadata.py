@@ -13,7 +13,9 @@ from typing import ClassVar
 
 import torch
 
+from labkit.core.attention.decode import DecodeOnlyAttention
 from labkit.core.kv.paged_pool import PagedKVPool
+from labkit.core.model.attention import AttentionBackend
 
 
 @dataclass
@@ -44,7 +46,23 @@ class PagedAttentionBackend(ABC):
         self.pool = pool
         self.meta = meta
 
+    @classmethod
+    def graph_decode(cls, pool: PagedKVPool, slot_mapping: torch.Tensor, tables: torch.Tensor,
+                     context_lens: torch.Tensor) -> AttentionBackend:
+        """The attention of a CUDA-graph decode step (``DecodeGraphs``, notebook 10): held in tensors whose shapes
+        are fixed per (batch, table width) bucket. PyTorch's padded decode by default; a backend whose decode kernel
+        can be captured returns its own, so that graph and eager decodes run the same kernel. slot_mapping (B,);
+        tables (B, W) padded with the scratch block; context_lens (B,)."""
+        return DecodeOnlyAttention(pool, slot_mapping, tables, context_lens)
+
     @abstractmethod
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's K/V into their slots, then attend. q: (1, N, n_heads, d); k, v: (1, N, n_kv_heads, d)
         -> (1, N, n_heads, d)."""
+
+
+def captures_own_decode(backend: type) -> bool:
+    """Whether ``backend`` brings its own ``graph_decode`` (the "triton" kernel does), so that CUDA graphs capture
+    its decode instead of bypassing it with labkit's PyTorch path."""
+    own = getattr(backend, "graph_decode", None)
+    return own is not None and own.__func__ is not PagedAttentionBackend.graph_decode.__func__

@@ -12,6 +12,9 @@ import functools
 import inspect
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -34,7 +37,63 @@ from labkit.core.attention.torch_sdpa import TorchAttentionBackend
 from labkit.core.attention.triton_kernels import attend_tile, merge_splits, paged_decode_stage1, paged_decode_stage2
 from labkit.core.kv.paged_pool import PagedKVPool
 
-MAX_SPLITS = 32
+MAX_SPLITS = 32  # a power of two: split counts are bucketed to powers of two up to it
+
+
+@dataclass(frozen=True)
+class KernelTuning:
+    """How stage 1 is launched on a GPU: the tile width and the warps per program. Chosen so that ptxas keeps the
+    accumulator and the tile in registers on sm_90, with no spills (``triton_aot.register_report`` checks it). For
+    example, head_dim 128 with a 64-wide tile and 4 warps needs more than 255 registers per thread and spills; 8
+    warps share the same tile and fit in about 230."""
+
+    block_n: int
+    num_warps: int
+
+
+def kernel_tuning(head_dim: int, dtype: torch.dtype) -> KernelTuning:
+    """The stage-1 launch for ``head_dim`` and a pool of ``dtype`` (checked at head_dim 64 and 128 with ptxas for
+    sm_90). A float32 pool's dots run in IEEE float32 (``dot_precision``), on the FMA units rather than the tensor
+    cores, which holds more per thread: more warps, and a narrower tile at head_dim 128."""
+    ieee = dot_precision(dtype) == "ieee"
+    if head_dim <= 64:
+        return KernelTuning(block_n=64, num_warps=8 if ieee else 4)
+    if head_dim <= 128:
+        return KernelTuning(block_n=32 if ieee else 64, num_warps=8)
+    return KernelTuning(block_n=16 if ieee else 32, num_warps=8)
+
+
+def bucket_splits(n: int) -> int:
+    """``n`` rounded down to a power of two in [1, MAX_SPLITS]: ``NUM_SPLITS`` is a compile-time constant, so each
+    distinct count is a compilation; six buckets bound them (and a CUDA graph bucket keeps one count)."""
+    return 1 << (max(1, min(MAX_SPLITS, n)).bit_length() - 1)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision for a pool of ``dtype``. On a GPU ``tl.dot`` rounds float32 inputs to TF32 (10
+    mantissa bits) unless told otherwise: a float32 pool is then no longer computed in float32 (notebook 11's float32
+    check, at 1e-4, fails), so it gets ``"ieee"``. A 16-bit pool keeps TF32 where it is exact, ``q @ K^T`` (a
+    bfloat16 or float16 value fits TF32), and for ``p @ V``, whose rounding of p (2^-11 relative) stays below the
+    16-bit output's own (2^-8 for bfloat16)."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+_PRECISION_LOCK = threading.Lock()  # the knob below is process-wide: launches from two engines' threads take turns
+
+
+@contextmanager
+def default_dot_precision(precision: str) -> Iterator[None]:
+    """Every ``tl.dot`` without an explicit ``input_precision`` (a learner's ``attend_tile`` too) compiles with
+    ``precision`` meanwhile: Triton's ``TRITON_F32_DEFAULT`` knob, read when a kernel is traced (compiled, or run
+    under the interpreter). The compiled kernel is cached by argument types, and the pool's dtype decides the
+    precision, so a cached kernel always has the precision its dtype asks for."""
+    with _PRECISION_LOCK:
+        before = triton.knobs.language.fp32_default
+        triton.knobs.language.fp32_default = precision
+        try:
+            yield
+        finally:
+            triton.knobs.language.fp32_default = before
 
 
 def device_function(fn: Any, what: str) -> Any:
@@ -57,13 +116,19 @@ def is_interpreting() -> bool:
 
 
 def default_num_splits(batch: int, n_kv: int, max_context_len: int, block_n: int, device: torch.device) -> int:
-    """Enough programs to fill a GPU (4 per SM) without splits shorter than a tile; 2 under the interpreter (the
-    merge is still exercised, and every program costs Python time)."""
+    """Enough programs to fill a GPU (4 per SM) without splits shorter than a tile, bucketed to a power of two (one
+    compilation per bucket, not per count); 2 under the interpreter (the merge is still exercised, and every program
+    costs Python time)."""
     max_useful = triton.cdiv(max_context_len, block_n)
     if device.type != "cuda":
         return max(1, min(2, max_useful))
     programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(MAX_SPLITS, max_useful, triton.cdiv(programs, batch * n_kv)))
+    return bucket_splits(min(max_useful, triton.cdiv(programs, batch * n_kv)))
+
+
+def tile_width(head_dim: int, dtype: torch.dtype) -> int:
+    """BLOCK_N: ``kernel_tuning``'s on a GPU; 16 under the interpreter (the least tl.dot takes: least padding)."""
+    return 16 if is_interpreting() else kernel_tuning(head_dim, dtype).block_n
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
@@ -86,7 +151,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
         raise ValueError("the Triton decode kernel addresses the pools as flat rows of slots: k_pool and v_pool must "
                          "be contiguous (num_blocks, block_size, n_kv_heads, head_dim) tensors")
-    block_n = block_n or (16 if interpret else 64)
+    tuning = kernel_tuning(d, k_pool.dtype)
+    block_n = block_n or tile_width(d, k_pool.dtype)
     splits = num_splits or default_num_splits(b, n_kv, max_context_len, block_n, q.device)
     group = n_heads // n_kv
     q = q.contiguous()
@@ -96,11 +162,12 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     out = torch.empty_like(q)
     d_pad = max(16, triton.next_power_of_2(d))  # tl.dot needs every side >= 16; tl.arange a power of two
     group_pad = max(16, triton.next_power_of_2(group))
-    paged_decode_stage1[(b, n_kv, splits)](
-        q, k_pool, v_pool, block_tables, context_lens, mid_o, mid_m, mid_l, d ** -0.5,
-        q.stride(0), block_tables.stride(0), k_pool.stride(1),
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, D_PAD=d_pad,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=splits, ATTEND_TILE=device_function(tile_fn, "tile_fn"))
+    with default_dot_precision(dot_precision(k_pool.dtype)):
+        paged_decode_stage1[(b, n_kv, splits)](
+            q, k_pool, v_pool, block_tables, context_lens, mid_o, mid_m, mid_l, d ** -0.5,
+            q.stride(0), block_tables.stride(0), k_pool.stride(1),
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=d, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+            NUM_SPLITS=splits, ATTEND_TILE=device_function(tile_fn, "tile_fn"), num_warps=tuning.num_warps)
     merge = device_function(merge_fn, "merge_fn")
     paged_decode_stage2[(b, n_kv)](mid_o, mid_m, mid_l, out, out.stride(0), GROUP=group, GROUP_PAD=group_pad,
                                    HEAD_DIM=d, D_PAD=d_pad, NUM_SPLITS=splits,
@@ -117,6 +184,34 @@ class TritonDecodeBatch:
     max_context_len: int
 
 
+class TritonGraphDecode:
+    """The Triton kernel in a CUDA-graph decode step (notebook 10's graphs, notebook 11's kernel): this step's K/V
+    go into their slots, then both stages run over the bucket's tables with a split count fixed for the bucket (a
+    graph replays one grid; the split count cannot follow the step's longest context). Padded rows read only the
+    scratch block. ``backend`` is the ``TritonAttentionBackend`` (sub)class whose kernel parts run."""
+
+    def __init__(self, backend: type[TritonAttentionBackend], pool: PagedKVPool, slot_mapping: torch.Tensor,
+                 tables: torch.Tensor, context_lens: torch.Tensor) -> None:
+        self.backend, self.pool = backend, pool
+        self.slot_mapping = slot_mapping  # (B,)
+        self.tables = tables  # (B, W)
+        self.context_lens = context_lens  # (B,)
+        k_pool = pool.k[0]  # (num_blocks, block_size, n_kv, d)
+        b, w = tables.shape
+        self.max_context_len = w * pool.block_size  # the bucket's longest context
+        self.num_splits = backend.num_splits or default_num_splits(
+            b, k_pool.shape[2], self.max_context_len, tile_width(k_pool.shape[3], k_pool.dtype), k_pool.device)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (1, B, n_heads, d); k, v: (1, B, n_kv_heads, d)
+        k_pool, v_pool = self.pool.k[layer_idx], self.pool.v[layer_idx]
+        k_pool.flatten(0, 1)[self.slot_mapping] = k[0]
+        v_pool.flatten(0, 1)[self.slot_mapping] = v[0]
+        return paged_decode_attention(q[0], k_pool, v_pool, self.tables, self.context_lens, self.max_context_len,
+                                      num_splits=self.num_splits, tile_fn=self.backend.tile_fn,
+                                      merge_fn=self.backend.merge_fn)[None]
+
+
 class TritonAttentionBackend(PagedAttentionBackend):
     """Attention backend ``"triton"``: each decode reads its blocks in place with the Triton split-KV kernel; prefill
     (chunks) go through the PyTorch path (``TorchAttentionBackend``). Notebook 11.
@@ -129,6 +224,12 @@ class TritonAttentionBackend(PagedAttentionBackend):
     tile_fn: ClassVar[Any] = attend_tile  # the inner loop's body: one tile of the context
     merge_fn: ClassVar[Any] = merge_splits  # stage 2: the splits' partials -> the output
     num_splits: ClassVar[int | None] = None  # None: default_num_splits
+
+    @classmethod
+    def graph_decode(cls, pool: PagedKVPool, slot_mapping: torch.Tensor, tables: torch.Tensor,
+                     context_lens: torch.Tensor) -> TritonGraphDecode:
+        """CUDA-graph decode steps run this kernel too (captured per bucket), so graph and eager rows compare."""
+        return TritonGraphDecode(cls, pool, slot_mapping, tables, context_lens)
 
     def __init__(self, pool: PagedKVPool, meta: PagedAttentionMetadata) -> None:
         super().__init__(pool, meta)

@@ -1,10 +1,11 @@
 """The Triton paged decode-attention kernel: split-KV flash decoding, one GQA group per program.
 
 Stage 1 (``paged_decode_stage1``): program (sequence b, KV head, split s) takes the query heads that share that KV
-head (its GQA group, padded to a power of two), walks its share of the sequence's context tile by tile, reading
-each position's K/V *in place* through the block table, and keeps an online softmax: a running max ``m``, a running
-sum ``l`` and an unnormalised output ``acc``. It writes them as the split's partial result. Stage 2
-(``paged_decode_stage2``): program (b, KV head) merges its group's partials with the log-sum-exp rule.
+head (its GQA group, padded to max(16, next power of two) rows: ``tl.dot`` needs at least 16), walks its share of
+the sequence's context tile by tile, reading each position's K/V *in place* through the block table, and keeps an
+online softmax: a running max ``m``, a running sum ``l`` and an unnormalised output ``acc``. It writes them as the
+split's partial result. Stage 2 (``paged_decode_stage2``): program (b, KV head) merges its group's partials with the
+log-sum-exp rule.
 
 The two parts a learner writes in notebook 11 are device functions, passed to the kernels as ``constexpr``
 arguments: ``attend_tile`` (the inner loop's body) and ``merge_splits`` (stage 2's arithmetic). They are written
@@ -13,8 +14,11 @@ here as plain functions (so they read, and can be shown, like any Python functio
 Every product and sum runs in float32: Triton's CPU interpreter computes bfloat16 arithmetic wrongly, and float32
 keeps the softmax's sums accurate on a GPU. There ``tl.dot`` rounds its float32 inputs to TF32 by default: exact for
 ``q @ K^T`` when queries and K/V are bfloat16 (TF32 keeps bfloat16's 8-bit exponent and more than its 7-bit
-mantissa), but not for ``p @ V``, whose probabilities ``p`` are float32 and lose bits in TF32. Introduced in notebook
-11 (``11_attention_kernels``).
+mantissa), but not for ``p @ V``, whose probabilities ``p`` are float32 and lose bits in TF32. So the launcher sets
+the precision every ``tl.dot`` here compiles with from the pool's dtype (``triton_decode.dot_precision``): IEEE
+float32 for a float32 pool, TF32 for a 16-bit one (whose output is rounded more coarsely than TF32 rounds ``p``).
+``NUM_SPLITS`` is a compile-time constant: the launcher buckets it to a power of two, one compilation per bucket.
+Introduced in notebook 11 (``11_attention_kernels``).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def paged_decode_stage1(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, mid_o, mid_m, 
     (B, W) int32; lens (B,) int32; partials mid_o (B, n_heads, NUM_SPLITS, D), mid_m and mid_l (B, n_heads,
     NUM_SPLITS) float32."""
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_g = tl.arange(0, GROUP_PAD)  # the group's query heads, padded to a power of two (Qwen2.5's 7 -> 16)
+    offs_g = tl.arange(0, GROUP_PAD)  # the group's query heads, padded to max(16, pow2): tl.dot needs 16 rows
     offs_d = tl.arange(0, D_PAD)
     g_valid, d_valid = offs_g < GROUP, offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_g  # (G,) query head h reads KV head h // GROUP

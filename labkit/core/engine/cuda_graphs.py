@@ -22,8 +22,7 @@ from typing import Protocol
 
 import torch
 
-from labkit.core.attention.decode import DecodeOnlyAttention
-from labkit.core.attention.metadata import PagedAttentionMetadata
+from labkit.core.attention.metadata import PagedAttentionBackend, PagedAttentionMetadata
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.core.model import CausalLM
 
@@ -48,21 +47,45 @@ def capture_supported(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def capture_cuda_graph(forward: Callable[[], torch.Tensor], pool: object | None
-                       ) -> tuple[Replayable, torch.Tensor, object]:
-    """Warm ``forward`` up on a side stream (as ``torch.cuda.graph`` requires), then capture it in the thread-local
-    mode: CUDA calls from other threads (the async engine's, the allocator's) stay legal meanwhile. Returns the
-    graph, its static output and the memory pool the engine's graphs share (created by the first capture)."""
-    pool = torch.cuda.graph_pool_handle() if pool is None else pool
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        forward()
-    torch.cuda.current_stream().wait_stream(stream)
+class CaptureState:
+    """What every capture of one engine shares: one side stream for warm-ups and captures, and one graph memory pool
+    (the smaller graphs reuse the largest one's memory). One stream per engine, not per capture: cuBLAS keeps a
+    workspace for every stream it has run on, and hundreds of captures would each leave one behind."""
+
+    def __init__(self) -> None:
+        self.stream = torch.cuda.Stream()
+        self.mempool = torch.cuda.graph_pool_handle()
+
+
+def capture_cuda_graph(forward: Callable[[], torch.Tensor], state: CaptureState | None
+                       ) -> tuple[Replayable, torch.Tensor, CaptureState]:
+    """Warm ``forward`` up on the engine's side stream (a capture must not run on the default stream), then capture
+    it there in the thread-local mode: CUDA calls from other threads (the async engine's, the allocator's) stay legal
+    meanwhile. Returns the graph, its static output and the capture state (created by the first capture).
+
+    ``torch.cuda.graph`` would synchronise the device and empty the allocator's cache before every capture (up to a
+    few hundred at engine start); the captures here queue behind the warm-up on the same stream instead, and the
+    graph pool keeps its memory between them."""
+    state = CaptureState() if state is None else state
+    state.stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        output = forward()
-    return graph, output, pool
+    with torch.cuda.stream(state.stream):
+        forward()  # warm-up: lazy initialisation (cuBLAS handles, Triton compilation) must not happen in a capture
+        graph.capture_begin(state.mempool, capture_error_mode="thread_local")
+        try:
+            output = forward()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(state.stream)
+    return graph, output, state
+
+
+def clear_cublas_workspaces() -> None:
+    """Free the workspaces cuBLAS keeps per (handle, stream) (``LLM.close``): up to ~1 GiB after an engine's
+    captures. They come back on the next matmul, at the size it needs."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None and torch.cuda.is_initialized():
+        clear()
 
 
 class DecodeGraphs:
@@ -73,8 +96,10 @@ class DecodeGraphs:
     """
 
     def __init__(self, model: CausalLM, pool: PagedKVPool, sizes: tuple[int, ...], max_blocks: int,
-                 scratch_block: int, capture: bool = True) -> None:
+                 scratch_block: int, capture: bool = True,
+                 attention_backend: type[PagedAttentionBackend] = PagedAttentionBackend) -> None:
         self.model = model
+        self.attention_backend = attention_backend  # its graph_decode: the attention each graph captures
         self.pool = pool
         self.sizes = sorted(sizes)
         self.widths = graph_widths(max_blocks)
@@ -88,18 +113,24 @@ class DecodeGraphs:
         self.context_lens = torch.ones(b, dtype=torch.long, device=device)
         self.graphs: dict[tuple[int, int], Replayable] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
-        self.mempool: object | None = None
+        self.capture_state: CaptureState | None = None  # the engine's one stream and graph pool (first capture)
         self.num_captures = 0
         self.num_runs = 0  # decode steps served (replayed, or run eagerly off CUDA)
         if capture:
             self.capture_all()
+
+    @property
+    def mempool(self) -> object | None:
+        """The graph memory pool the captures share: None before the first capture and after ``close``."""
+        return getattr(self.capture_state, "mempool", self.capture_state)
 
     def can_run(self, meta: PagedAttentionMetadata) -> bool:
         return (meta.is_decode_only and len(meta.query_lens) <= self.sizes[-1]
                 and max(len(t) for t in meta.block_tables) <= self.widths[-1])
 
     def _forward(self, b: int, w: int) -> torch.Tensor:
-        backend = DecodeOnlyAttention(self.pool, self.slot_mapping[:b], self.tables[:b, :w], self.context_lens[:b])
+        backend = self.attention_backend.graph_decode(self.pool, self.slot_mapping[:b], self.tables[:b, :w],
+                                                      self.context_lens[:b])
         return self.model(self.input_ids[None, :b], self.positions[None, :b], backend)[0]  # (b, hidden)
 
     @torch.inference_mode()
@@ -109,8 +140,8 @@ class DecodeGraphs:
         for b in reversed(self.sizes):
             for w in reversed(self.widths):
                 key = (b, w)
-                graph, self.outputs[key], self.mempool = capture_cuda_graph(lambda b=b, w=w: self._forward(b, w),
-                                                                            self.mempool)
+                graph, self.outputs[key], self.capture_state = capture_cuda_graph(
+                    lambda b=b, w=w: self._forward(b, w), self.capture_state)
                 self.graphs[key] = graph
                 self.num_captures += 1
 
@@ -144,7 +175,9 @@ class DecodeGraphs:
         return self.outputs[(b, w)][None, :n]
 
     def close(self) -> None:
-        """Drop the graphs and their memory pool (``LLM.close``)."""
+        """Drop the graphs, their memory pool and stream, and cuBLAS's workspaces (``LLM.close``)."""
         self.graphs.clear()
         self.outputs.clear()
-        self.mempool = None
+        if self.capture_state is not None:
+            self.capture_state = None
+            clear_cublas_workspaces()

@@ -2,7 +2,8 @@
 
 On CUDA the pool is what ``gpu_memory_utilization`` of the card's *total* memory leaves after everything else that
 lives there: other processes (and the CUDA context), this process's live tensors (the weights, and the pools of
-engines still in use), and the activations of the largest forward pass, measured by running one. It is never larger
+engines still in use), the activations of the largest forward pass, measured by running one, and the memory the
+decode steps' CUDA graphs will keep (``graph_capture_peak``). It is never larger
 than ``max_num_seqs`` sequences of ``max_model_len`` tokens can use. Memory that PyTorch's caching allocator keeps
 from an engine that was closed or replaced counts as free, so a notebook that builds seven engines in a row gives
 each the same pool (sizing by *free* memory, as labkit once did, shrank every later pool). Introduced in notebook
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from labkit.core.engine.config import PagedConfig
-from labkit.core.kv.paged_pool import kv_block_bytes
+from labkit.core.engine.cuda_graphs import graph_widths
+from labkit.core.kv.quantized_pool import check_kv_device, kv_cache_block_bytes
 from labkit.core.model import CausalLM
 from labkit.core.model.attention import CausalAttention
 
@@ -67,9 +69,27 @@ def profile_activation_peak(model: CausalLM, num_tokens: int) -> int:
     return max(0, peak)
 
 
-def cuda_kv_budget(memory: DeviceMemory, utilization: float, activation_peak: int) -> int:
-    """Bytes for the KV pool: utilization x total, less what others use, our live tensors and the activations."""
-    return int(memory.total * utilization) - memory.others - memory.allocated - activation_peak
+def graph_capture_peak(model: CausalLM, config: PagedConfig) -> int:
+    """Bytes the CUDA graphs of decode steps keep in their private memory pool, 0 where they are not captured: the
+    temporaries of the largest captured step (the largest capture size, the widest block table), which the smaller
+    graphs reuse. Estimated from the shapes, since the graphs are captured after the pool exists: the padded gather
+    of one layer's K and V (``decode_attention``) and its mask, plus a dense forward's activations for that many
+    tokens. On a ~1B model with 256 sequences and 2048-token tables the gather alone is 1 GiB; left out, graph
+    capture could fail for memory the pool already took."""
+    if not config.use_cuda_graphs(model.device.type):
+        return 0
+    assert config.max_model_len is not None and config.cuda_graph_sizes
+    batch = max(config.cuda_graph_sizes)
+    tokens = graph_widths(-(-config.max_model_len // config.block_size))[-1] * config.block_size  # widest table
+    c = model.config
+    gather = 2 * batch * tokens * c.num_key_value_heads * c.head_dim * model.dtype.itemsize  # (B, S, n_kv, d) x 2
+    return gather + batch * tokens + profile_activation_peak(model, batch)  # + the (B, S) bool mask
+
+
+def cuda_kv_budget(memory: DeviceMemory, utilization: float, activation_peak: int, graph_peak: int = 0) -> int:
+    """Bytes for the KV pool: utilization x total, less what others use, our live tensors, the activations of the
+    largest forward pass and the CUDA graphs' memory pool (both live at once: the graphs keep theirs)."""
+    return int(memory.total * utilization) - memory.others - memory.allocated - activation_peak - graph_peak
 
 
 def system_memory() -> int | None:
@@ -83,7 +103,8 @@ def pool_num_blocks(model: CausalLM, config: PagedConfig, max_num_batched_tokens
     """How many KV blocks the engine gets. A pool larger than the device's memory is refused here, with the option
     and the limit, rather than by the allocator."""
     assert config.max_model_len is not None
-    block_bytes = kv_block_bytes(model.config, config.block_size, model.dtype)
+    check_kv_device(config.kv_cache_dtype, model.device, model.dtype)  # before sizing: fp8 where it cannot live
+    block_bytes = kv_cache_block_bytes(model.config, config.block_size, model.dtype, config.kv_cache_dtype)
     needed = config.max_num_seqs * -(-config.max_model_len // config.block_size)  # every slot at full length
     cuda = model.device.type == "cuda"
     memory = cuda_memory(model.device) if cuda else None
@@ -97,7 +118,8 @@ def pool_num_blocks(model: CausalLM, config: PagedConfig, max_num_batched_tokens
             # The largest step of one sequence: a static batch's budget (max_num_seqs x max_model_len) would ask one
             # profiling pass for millions of tokens on a long-context model and run out of memory itself.
             num_tokens = min(max_num_batched_tokens, config.max_model_len)
-            budget = cuda_kv_budget(memory, config.gpu_memory_utilization, profile_activation_peak(model, num_tokens))
+            budget = cuda_kv_budget(memory, config.gpu_memory_utilization, profile_activation_peak(model, num_tokens),
+                                    graph_capture_peak(model, config))
         else:  # enough for every slot at full length, within a modest CPU budget
             budget = min(CPU_KV_BUDGET, config.max_num_seqs * config.max_model_len * block_bytes // config.block_size)
         option, num_blocks = "kv_cache_memory", budget // block_bytes

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit.core.attention.decode import host_to_device
 from labkit.core.engine.base import Engine
 from labkit.core.engine.config import EngineConfig, KVCacheConfig
 from labkit.core.engine.step import StageClock
@@ -127,7 +128,7 @@ class KVCacheEngine(Engine):
             is_prefill = not batch.prefilled
             with clock.stage("prepare"):
                 inputs = self.prepare_prefill(batch.seqs) if is_prefill else self.prepare_decode(batch.seqs)
-                ids, positions, valid = (t.to(self.device) for t in inputs)  # each (B, T)
+                ids, positions, valid = (host_to_device(t, self.device) for t in inputs)  # each (B, T); pinned on CUDA
                 batch.cache.begin_step(valid)
             with clock.stage("forward"):
                 hidden = self.model(ids, positions, batch.cache)  # (B, T, hidden)

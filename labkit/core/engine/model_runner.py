@@ -100,7 +100,8 @@ class ModelRunner:
             raise ValueError("decode graphs need a scratch block: the pool must be one block larger than the "
                              "block manager's")
         capture = capture_supported(self.device) if capture is None else capture
-        self.graphs = DecodeGraphs(self.model, self.pool, sizes, max_blocks, self.pool.num_blocks - 1, capture)
+        self.graphs = DecodeGraphs(self.model, self.pool, sizes, max_blocks, self.pool.num_blocks - 1, capture,
+                                   self.attention_backend)  # its graph_decode: "triton" captures its own kernel
         return self.graphs
 
     def close(self) -> None:

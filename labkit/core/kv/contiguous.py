@@ -80,4 +80,19 @@ class ContiguousKVCache:
         assert self.mask is not None, "begin_step must be called before the forward pass"
         keys = self.write(self.k[layer_idx], k, self.length)  # (B, S, n_kv_heads, d): cached + new
         values = self.write(self.v[layer_idx], v, self.length)
+        if q.shape[1] == 1 and q.shape[2] != k.shape[2]:  # one new token per row, GQA: fold the group into T
+            return folded_decode(q, keys, values, self.mask)
         return sdpa(q, keys, values, mask=self.mask, is_causal=False)  # (B, T, n_heads, d)
+
+
+def folded_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A decode step's attention with the GQA group folded into the query dimension: q (B, 1, n_heads, d), keys and
+    values (B, S, n_kv, d), mask (B, 1, 1, S) -> (B, 1, n_heads, d). The G query heads of one KV head become G
+    queries of that head (one token: no causal order among them), so SDPA gets as many query heads as K/V heads:
+    nothing is repeated, and on CUDA the fused memory-efficient kernel (which takes a mask, not GQA) runs it.
+    ``labkit.core.attention.decode.folded_decode_sdpa`` does the same for the paged pool."""
+    b, _, n_heads, d = q.shape
+    n_kv = keys.shape[2]
+    q_folded = q.view(b, n_kv, n_heads // n_kv, d)  # (B, n_kv, G, d): head kv * G + g -> (kv, g)
+    out = sdpa(q_folded.transpose(1, 2), keys, values, mask=mask, is_causal=False)  # (B, G, n_kv, d)
+    return out.transpose(1, 2).reshape(b, 1, n_heads, d)

@@ -30,8 +30,8 @@ def one_hot(token_ids: list[int], vocab_size: int, like: torch.Tensor) -> torch.
 def probs_under_params(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(n, V) logits of one request -> (n, V) the distribution its sampling parameters draw from: a point mass on
     the argmax for a greedy request; temperature, top-k and top-p applied as ``labkit.core.sampler`` does."""
-    if params.greedy:
-        return one_hot(logits.argmax(-1).tolist(), logits.shape[-1], logits)
+    if params.greedy:  # a point mass on each row's argmax, built on the device (no wait for the argmax)
+        return torch.zeros_like(logits).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
     n, vocab = logits.shape
     k = params.top_k if 0 <= params.top_k < vocab else 0
     full = lambda v: torch.full((n,), v, dtype=logits.dtype, device=logits.device)  # noqa: E731
@@ -47,6 +47,32 @@ def uniform(generator: torch.Generator | None, device: torch.device) -> float:
 def draw_from(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from (V,) non-negative weights, normalised here."""
     return int(draw(weights / weights.sum(), generator))
+
+
+def verify_on_device(target_probs: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor,
+                     generator: torch.Generator | None) -> torch.Tensor:
+    """``RejectionSampler.verify``'s rule without a host round trip per proposal: (2,) on the device, the number n of
+    proposals accepted and the token emitted after them. target_probs (k + 1, V), draft_token_ids (k,) long,
+    draft_probs (k, V).
+
+    All k acceptance tests at once: u_i * q_i(x_i) < p_i(x_i) with k uniforms from the request's generator; n is
+    the length of the run of passes from the start (a test after the first failure is never used, so drawing it is
+    harmless). Then one draw, from the residual norm(max(0, p_n - q_n)) at the first rejection, or from p_k (the
+    bonus) when all passed: q is padded with a zero row, so the residual at n = k is p_k itself."""
+    k, vocab = draft_probs.shape
+    rows = torch.arange(k, device=target_probs.device)
+    p_x = target_probs[rows, draft_token_ids]  # (k,)
+    q_x = draft_probs[rows, draft_token_ids]
+    u = torch.rand(k, generator=generator, device=target_probs.device, dtype=torch.float64)
+    passed = (u * q_x.double() < p_x.double()).long()  # (k,)
+    n = passed.cumprod(0).sum()  # () accepted: the run of passes from the start
+    q_padded = torch.cat([draft_probs, draft_probs.new_zeros(1, vocab)])  # (k + 1, V)
+    p_n = target_probs.index_select(0, n[None])[0]  # (V,): index_select, as t[n] would read n on the host
+    q_n = q_padded.index_select(0, n[None])[0]
+    residual = (p_n - q_n).clamp(min=0)
+    weights = torch.where(residual.sum() > 0, residual, p_n)  # p itself if p <= q everywhere (never in exact math)
+    token = draw(weights / weights.sum(), generator)  # (1,)
+    return torch.cat([n[None], token])
 
 
 class RejectionSampler:
@@ -77,8 +103,13 @@ class RejectionSampler:
     def verify_batch(self, logits: torch.Tensor, seqs: list[Sequence],
                      draft_probs: dict[int, torch.Tensor | None]) -> list[list[int]]:
         """(R, V) logits of a step's sampled rows, 1 + len(seq.spec_token_ids) consecutive rows per sequence ->
-        each sequence's emitted tokens. ``draft_probs[id(seq)]``: its q, or None for point masses (n-gram)."""
-        results, row = [], 0
+        each sequence's emitted tokens. ``draft_probs[id(seq)]``: its q, or None for point masses (n-gram).
+
+        labkit's own rule runs on the device (``verify_on_device``) and the whole step's outcomes come back to the
+        host in one copy; a subclass's ``verify`` (notebook 13's Build task) is called as written."""
+        on_device = type(self).verify is RejectionSampler.verify
+        results: list[list[int] | torch.Tensor] = []
+        row = 0
         for seq in seqs:
             proposed = seq.spec_token_ids
             rows = logits[row : row + 1 + len(proposed)]  # (k + 1, V)
@@ -87,5 +118,17 @@ class RejectionSampler:
             q = draft_probs.get(id(seq))
             if q is None:
                 q = one_hot(proposed, rows.shape[-1], p)  # (k, V)
-            results.append(self.verify(p, list(proposed), q.to(p.dtype), seq.generator))
-        return results
+            if on_device:
+                ids = host_to_device(torch.tensor(list(proposed), dtype=torch.long), p.device)
+                results.append(verify_on_device(p, ids, q.to(p.dtype), seq.generator))
+            else:
+                results.append(self.verify(p, list(proposed), q.to(p.dtype), seq.generator))
+        pending = [r for r in results if isinstance(r, torch.Tensor)]
+        outcomes = iter(torch.stack(pending).tolist() if pending else [])  # the step's one device -> host copy
+        emitted = []
+        for seq, r in zip(seqs, results):
+            if isinstance(r, torch.Tensor):
+                n, token = next(outcomes)
+                r = [*seq.spec_token_ids[:n], token]
+            emitted.append(r)
+        return emitted

@@ -118,36 +118,63 @@ def test_wide_tables_decode_eagerly_without_capturing(mocked_capture: dict[str, 
     assert graphs.num_captures == captured and graphs.num_runs == 0
 
 
-def test_capture_uses_thread_local_mode_and_one_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real capture function, with torch.cuda's graph API mocked: warm-up on a side stream, then a capture in
-    the thread-local mode into the shared pool."""
-    calls: dict[str, Any] = {"graph": [], "warmups": 0}
+def test_capture_uses_thread_local_mode_one_stream_and_one_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real capture function, with torch.cuda's graph API mocked: warm-up, then a capture in the thread-local mode
+    into the shared pool, every capture of an engine on one side stream (cuBLAS keeps a workspace per stream), and no
+    device-wide synchronize or empty_cache per capture (``torch.cuda.graph`` does both)."""
+    calls: dict[str, Any] = {"streams": 0, "begin": [], "end": 0, "entered": []}
 
     class Stream:
+        def __init__(self) -> None:
+            calls["streams"] += 1
+
         def wait_stream(self, other: object) -> None:
             pass
 
-    @contextmanager
-    def fake_graph(graph: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        calls["graph"].append(kwargs)
-        yield
+    class Graph:
+        def capture_begin(self, pool: object, capture_error_mode: str) -> None:
+            calls["begin"].append((pool, capture_error_mode))
+
+        def capture_end(self) -> None:
+            calls["end"] += 1
 
     @contextmanager
     def fake_stream(stream: object):  # type: ignore[no-untyped-def]
-        calls["warmups"] += 1
+        calls["entered"].append(stream)
         yield
 
+    def refuse(*args: object) -> None:
+        raise AssertionError("a capture must not synchronize the device or empty the allocator's cache")
+
+    current = Stream()
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
     monkeypatch.setattr(torch.cuda, "stream", fake_stream)
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
-    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
-    graph, output, pool = cuda_graphs.capture_cuda_graph(lambda: torch.ones(2), None)
-    assert graph == "graph" and pool == "pool" and torch.equal(output, torch.ones(2))
-    _, _, pool2 = cuda_graphs.capture_cuda_graph(lambda: torch.ones(2), pool)
-    assert pool2 == "pool" and calls["warmups"] == 2
-    assert calls["graph"] == [{"pool": "pool", "capture_error_mode": "thread_local"}] * 2
+    monkeypatch.setattr(torch.cuda, "synchronize", refuse)
+    monkeypatch.setattr(torch.cuda, "empty_cache", refuse)
+    graph, output, state = cuda_graphs.capture_cuda_graph(lambda: torch.ones(2), None)
+    assert isinstance(graph, Graph) and state.mempool == "pool" and torch.equal(output, torch.ones(2))
+    for _ in range(5):
+        _, _, again = cuda_graphs.capture_cuda_graph(lambda: torch.ones(2), state)
+        assert again is state
+    assert calls["streams"] == 1 + 1  # the test's "current" stream, and the engine's one side stream
+    assert calls["entered"] == [state.stream] * 6 and calls["end"] == 6
+    assert calls["begin"] == [("pool", "thread_local")] * 6
+
+
+def test_close_clears_cublas_workspaces(monkeypatch: pytest.MonkeyPatch, mocked_capture: dict[str, list]) -> None:
+    """``LLM.close`` frees the workspaces cuBLAS keeps per stream, once an engine has captured graphs (checked on the
+    CPU with the capture mocked and CUDA pretended initialised)."""
+    cleared: list[bool] = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: cleared.append(True), raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    llm = LLM("labkit-tiny", engine="chunked", device="cpu", max_num_seqs=2)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.num_captures > 0 and not cleared
+    llm.close()
+    assert cleared == [True] and graphs.mempool is None
 
 
 def test_a_custom_attention_backend_is_never_bypassed_by_cuda_graphs() -> None:

@@ -44,6 +44,7 @@ class FakeCard:
         monkeypatch.setattr(torch.cuda, "memory_reserved", reserved)
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: self.allocated)
         monkeypatch.setattr(kv_sizing, "profile_activation_peak", lambda model, num_tokens: 2 * GIB)
+        monkeypatch.setattr(kv_sizing, "graph_capture_peak", lambda model, config: 0)  # test_kv_sizing_graphs.py
 
 
 class FakeModel:
