@@ -3,7 +3,9 @@
 * ``load``: what other programs use of this machine right now, and what to do about it;
 * ``rounds``: the compared systems run interleaved and repeated, warm-up excluded, medians with the rounds' spread;
 * ``verdict``: the direction the prose states ("continuous is faster", "the throughput falls"), checked against the
-  measurement and printed next to it, with the likely reason when they disagree.
+  measurement and printed next to it, with the likely reason when they disagree. Its false-alarm rate is stated:
+  "holds" needs every round beyond a 2% tie band *and* a one-sided t-test on the rounds' log ratios at 5%
+  (``significance``), so on a null effect a verdict says "holds" (or "does NOT hold") at most 5% of the time.
 
 Introduced in notebook 03 (``03_kv_cache``); every notebook that compares systems uses it.
 """

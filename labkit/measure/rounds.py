@@ -27,7 +27,13 @@ Contender = Callable[[], Mapping[str, float] | None]
 
 
 def default_rounds(smoke: bool) -> int:
-    """Rounds for a comparison: 3 at full size (a median needs three), 2 in smoke mode."""
+    """Rounds for a comparison: 3 at full size (a median needs three), 2 in smoke mode.
+
+    A verdict's 5% t-test (``labkit.measure.significance``) needs the rounds to agree more closely the fewer there
+    are (t above 6.31 with 2 rounds, 2.92 with 3), so smoke mode says "too close to call" more often; more rounds
+    would cost every comparison's time again per round (3 rounds of notebook 03's naive-vs-kvcache cell took 2.6
+    of its 3.1 minutes at full size), so the counts stay and the test, not the count, sets the error rate.
+    """
     return 2 if smoke else 3
 
 

@@ -130,7 +130,8 @@ def test_reaches_judges_every_round_against_the_target_and_audits_clean() -> Non
     held = reaches([0.91, 0.86, 1.02], 0.80, "the step reaches 0.80 of the roof", unit="of the roof")
     assert held.holds and held.text.startswith("[holds] the step reaches 0.80 of the roof: 0.91 of the roof")
     assert "rounds 1.07x-1.27x" in held.text
-    missed = reaches([0.61, 0.70], 0.80, "the step reaches 0.80 of the roof", why_not="another process held a core")
+    # two rounds must agree closely for the 5% test (t > 6.31 on 1 df): 0.61 and 0.70 of the roof would not
+    missed = reaches([0.61, 0.63], 0.80, "the step reaches 0.80 of the roof", why_not="another process held a core")
     assert missed.outcome == "contradicted" and "Likely reason: another process held a core" in missed.text
     close = reaches([0.79, 0.85], 0.80, "the step reaches 0.80 of the roof")
     assert close.outcome == "too close to call"

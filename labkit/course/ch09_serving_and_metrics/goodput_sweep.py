@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from labkit.measure import LoadReport, Verdict
 from labkit.measure.loadgen import BenchResult
 from labkit.measure.loadgen.metrics import RequestRecord
-from labkit.measure.verdict import MARK, outcome_of
+from labkit.measure.verdict import MARK, evidence, outcome_of
 
 SweepRuns = Mapping[float, Sequence[BenchResult]]  # offered rate (req/s) -> one result per round
 GoodputOf = Callable[[Sequence[RequestRecord], Mapping[str, float], float], float]  # (records, slos_ms, duration)
@@ -82,11 +82,11 @@ def goodput_verdict(factors: Sequence[float], runs: SweepRuns, slos: Mapping[str
     knee, fall = outcome_of(knee_ratios), outcome_of(fall_ratios)
     line_knee = (f"{MARK[knee]} below the knee (up to {below_knee:.0%} of capacity) at least {met_share:.0%} of the "
                  f"requests meet the SLOs: {min(shares, default=1.0):.0%}-{max(shares, default=1.0):.0%} did "
-                 f"(rounds {min(knee_ratios):.2f}x-{max(knee_ratios):.2f}x of the bar)")
+                 f"(rounds {min(knee_ratios):.2f}x-{max(knee_ratios):.2f}x of the bar{evidence(knee_ratios)})")
     line_fall = (f"{MARK[fall]} goodput falls past the knee: at {rates[-1]:.2f} req/s "
                  f"{', '.join(f'{x:.2f}' for x in last)} per round, against {', '.join(f'{x:.2f}' for x in good[peak])}"
                  f" at {peak:.2f} req/s (the sweep's best median; rounds {min(fall_ratios):.2f}x-"
-                 f"{max(fall_ratios):.2f}x in the claim's favour)")
+                 f"{max(fall_ratios):.2f}x in the claim's favour{evidence(fall_ratios)})")
     outcome = ("holds" if knee == fall == "holds" else
                "contradicted" if "contradicted" in (knee, fall) else "too close to call")
     why = list(reasons)

@@ -17,6 +17,7 @@ from labkit.measure.benchmarks.engines import (
     best_vs_best,
 )
 from labkit.measure.benchmarks.report import Hardware, md_table
+from labkit.measure.benchmarks.report_data import write_report_data
 from labkit.measure.summary import Run
 from labkit.measure.workloads import Workload
 
@@ -270,7 +271,10 @@ def print_summary(results: list[Result], slot_rows: list[SlotRow], breakdowns: l
 
 def save_figures(out: Path, results: list[Result], chunk_rows: list[ChunkRow], example_runs: dict[str, Run],
                  sizes: Sizes, slot_rows: list[SlotRow]) -> list[Path]:
-    """PNGs next to the report: throughput side by side; batch slots; chunked prefill's ITL and throughput."""
+    """PNGs next to the report: throughput side by side; batch slots; chunked prefill's ITL and throughput. And the
+    report's figures machine-readable (``report_data``: the guides render theirs from it), as ``finish_report``
+    writes them for the other benchmarks (this script writes its report itself, then calls this)."""
+    data = write_report_data(out) if out.exists() else None
     import matplotlib
 
     matplotlib.use("Agg")
@@ -354,4 +358,4 @@ def save_figures(out: Path, results: list[Result], chunk_rows: list[ChunkRow], e
     second = out.with_name(out.stem + "_chunking.png")
     fig.savefig(second, dpi=110)
     plt.close(fig)
-    return [*figures, second]
+    return [*figures, second] + ([data] if data is not None else [])

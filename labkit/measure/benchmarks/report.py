@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from labkit.measure.benchmarks.report_data import write_report_data
 from labkit.measure.hardware import device_name
 from labkit.measure.load import measure_load
 
@@ -94,4 +95,5 @@ def finish_report(text: str, out: Path | None, load: float | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
+        # the same figures machine-readable beside it: the guides' figures are rendered from these
+        print(f"wrote {out} and {write_report_data(out, text)}")
