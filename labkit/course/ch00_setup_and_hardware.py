@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 
 # (intensity FLOP/byte, peak FLOP/s, bandwidth bytes/s) -> attainable FLOP/s
 ROOFLINE_CASES: list[tuple[float, float, float, float]] = [
@@ -20,6 +20,16 @@ ROOFLINE_CASES: list[tuple[float, float, float, float]] = [
 ]
 
 
+HINTS = Hints(
+    concept="A step is limited by two roofs: how fast the device computes, and how fast memory feeds it. Which one "
+            "binds for a step that does few operations per byte it reads?",
+    rule="The attainable rate is the lower of the two: the compute roof, and the bandwidth times the step's "
+         "arithmetic intensity (FLOPs per byte).",
+    code="return min(peak_flops, bandwidth * intensity)",
+    by_failure={"roof": "bandwidth times intensity is a rate in FLOP/s; a step can exceed neither roof"},
+)
+
+
 def check_attainable_flops(fn: Callable[[float, float, float], float]) -> CheckResult:
     """Task 1: ``fn(intensity, peak_flops, bandwidth)`` must follow the roofline."""
 
@@ -29,10 +39,7 @@ def check_attainable_flops(fn: Callable[[float, float, float], float]) -> CheckR
             check.expect(
                 isinstance(got, (int, float)) and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-6),
                 f"attainable_flops({intensity}, {peak:.3g}, {bw:.3g}) returned {got!r}, expected {expected:.4g}",
+                because="roof",
             )
 
-    return run_checker(
-        "Task 1 (attainable_flops)",
-        "a step can go no faster than its compute roof, nor than bytes/s x FLOP/byte: take the smaller.",
-        body,
-    )
+    return run_checker("Task 1 (attainable_flops)", "", body, task_id="00.attainable_flops")

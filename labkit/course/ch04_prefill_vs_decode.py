@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from labkit.core.model.config import ModelConfig
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 
 # vocab 32, hidden 8, intermediate 16, 2 layers, 4 query heads sharing 2 K/V heads of dim 2, tied embeddings.
 # Per layer: q 8x8 + k 8x4 + v 8x4 + o 8x8 = 192, MLP 3 x 8x16 = 384 -> 576 matmul weights; + 2 norms of 8.
@@ -67,6 +67,21 @@ def flops_and_bytes(result: Any) -> tuple[int, int]:
                     f"got {type(result).__name__}")
 
 
+HINTS = Hints(
+    concept="In one decode step every sequence computes one token, but the weights are shared by the whole batch. "
+            "What is read once per step and what once per sequence? And with grouped-query attention, how many "
+            "heads does the KV cache store?",
+    rule="FLOPs: two per weight per sequence, plus the LM head, plus attention over each sequence's context. Bytes: "
+         "every weight once per step, the KV cache each sequence reads, and the new token's K/V written; K/V use the "
+         "key-value heads, not the query heads.",
+    code="FLOPs: 2 x decoder weights x batch + 2 x hidden x vocab x batch + 4 x heads x head_dim x (context_len + 1) x "
+         "layers x batch. Bytes: weights x dtype_bytes once + batch x context_len x kv_bytes_per_token + batch x "
+         "kv_bytes_per_token.",
+    by_failure={"cost": "compare what scales with the batch (FLOPs, KV reads) with what does not (the weights read "
+                        "once per step), and count K/V with the key-value heads"},
+)
+
+
 def check_decode_cost(fn: Callable[[ModelConfig, int, int, int], Any]) -> CheckResult:
     """Task 1: ``fn(config, batch_size, context_len, dtype_bytes)`` gives the FLOPs and bytes of a decode step."""
 
@@ -75,13 +90,6 @@ def check_decode_cost(fn: Callable[[ModelConfig, int, int, int], Any]) -> CheckR
             flops, nbytes = flops_and_bytes(fn(config, batch, ctx, dtype_bytes))
             for what, got, want in (("FLOPs", flops, want_flops), ("bytes", nbytes, want_bytes)):
                 ok = isinstance(got, (int, float)) and not isinstance(got, bool) and got == want
-                check.expect(ok, f"{name}: {what} = {got!r}, expected {want:,}")
+                check.expect(ok, f"{name}: {what} = {got!r}, expected {want:,}", because="cost")
 
-    return run_checker(
-        "Task 1 (decode_cost)",
-        "FLOPs: 2 per decoder weight per sequence, plus lm_head (2 x hidden x vocab per sequence), plus attention "
-        "4 x heads x head_dim x (context_len + 1) per sequence per layer. Bytes: every weight ONCE per step "
-        "(not once per sequence), plus the KV cache read (batch x context_len x kv_bytes_per_token) and the new "
-        "token's K/V written (batch x kv_bytes_per_token); K/V use num_key_value_heads, not the query heads.",
-        body,
-    )
+    return run_checker("Task 1 (decode_cost)", "", body, task_id="04.decode_cost")

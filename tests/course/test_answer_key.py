@@ -124,8 +124,8 @@ CLASS_CHECK = ("from labkit import Scheduler\nfrom labkit.course import use_or_r
                "MyScheduler = use_or_reference(check_schedule_waiting(MyScheduler), MyScheduler, Scheduler)")
 
 
-def demo_registry(checker: str, reference: str, symbol: str) -> dict[str, RegistryTask]:
-    entry = RegistryTask("42.demo", "42_demo", "demo", symbol, checker, reference, 5)
+def demo_registry(checker: str, reference: str, symbol: str, hints: str = "") -> dict[str, RegistryTask]:
+    entry = RegistryTask("42.demo", "42_demo", "demo", symbol, checker, reference, 5, hints=hints)
     return {entry.id: entry}
 
 
@@ -133,7 +133,8 @@ ROOF_REGISTRY = demo_registry("labkit.course.ch00_setup_and_hardware.check_attai
                               "labkit.measure.hardware.attainable_flops", "labkit.measure.hardware.attainable_flops")
 CLASS_REGISTRY = demo_registry("labkit.course.ch07_continuous_batching.check_schedule_waiting",
                                "labkit.core.sched.scheduler.Scheduler",
-                               "labkit.core.sched.scheduler.Scheduler.schedule_waiting")
+                               "labkit.core.sched.scheduler.Scheduler.schedule_waiting",
+                               "labkit.course.ch07_continuous_batching.ADMISSION_HINTS")
 
 
 def test_collects_a_task_and_resolves_names_through_the_notebook_imports(tmp_path: Path) -> None:
@@ -156,8 +157,8 @@ def test_a_subclass_task_shows_the_method_it_replaces(tmp_path: Path) -> None:
     from labkit import Scheduler
 
     assert task.is_subclass and task.reference is Scheduler and task.mirrored is Scheduler.schedule_waiting
-    assert "budget" in key.checker_hint(task)  # the checker's own hint, from a stub subclass
     text = key.render([task])
+    assert "The staged hints (`show_hint`):" in text and "budget" in text  # the task's three hint levels
     assert "Replaces `labkit.core.sched.scheduler.Scheduler.schedule_waiting` in a subclass of" in text
     assert "def schedule_waiting(" in text and "class Scheduler" not in text  # the method, not the whole class
 
@@ -196,11 +197,3 @@ def test_a_registry_task_no_notebook_has_is_an_error(tmp_path: Path) -> None:
     extra = {"42.other": dataclasses.replace(extra["42.demo"], id="42.other"), **ROOF_REGISTRY}
     with pytest.raises(key.AnswerKeyError, match="TASKS lists 42.other, which no notebook has"):
         key.collect_tasks(tmp_path, extra)
-
-
-def test_the_guides_task_tables_are_up_to_date() -> None:
-    table = key.task_table(TASKS)
-    for guide in key.GUIDES:
-        text = guide.read_text(encoding="utf-8")
-        assert key.with_task_table(text, table, guide) == text, f"{guide.name}: run python scripts/make_answer_key.py"
-    assert all(t.entry.minutes > 0 for t in TASKS) and sum(t.entry.is_build for t in TASKS) >= 5

@@ -8,7 +8,7 @@ import pytest
 
 from labkit import LLM, BlockManager, SamplingParams
 from labkit.course import use_or_reference
-from labkit.course.ch06_paged_attention.block_manager import check_block_manager, workloads
+from labkit.course.ch06_paged_attention.block_manager import HINTS, check_block_manager, workloads
 from labkit.course.harness.runs import reference_run
 
 
@@ -172,7 +172,7 @@ PLANTED = {
     NoCopyOnWrite: "it must first get a private copy",
     OneBlockTooMany: "a new 4-token prompt in blocks of 4 needs 1 block(s)",
     OneBlockTooFew: "a new 5-token prompt in blocks of 4 needs 2 block(s)",
-    FreesFirstToLast: "free returns the blocks last first",
+    FreesFirstToLast: "the pool's free list ends with [0, 1, 2] (yours); it should end with [2, 1, 0]",
     LookupSkipsMisses: "stop at the first miss",
     LookupMatchesTheWholePrompt: "exactly its first 8 tokens (2 full blocks) should find",
     NoCopyOnWriteOnlyInTheEngine: "a shared block must be copied before anyone writes into it",
@@ -187,6 +187,8 @@ def test_the_checker_fails_planted_bugs_naming_the_case(bug: type[BlockManager])
     assert result.status == "failed", bug.__name__
     assert PLANTED[bug] in result.failures[0], result.failures
     assert "Traceback" not in result.message()
+    assert "show_hint('06.block_manager', 2) for more" in result.message()
+    assert HINTS.code not in result.message() and "self._release(" not in result.message()  # code only when asked
 
 
 def test_engine_failures_name_the_step_and_what_it_ran() -> None:

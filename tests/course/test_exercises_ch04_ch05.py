@@ -72,7 +72,8 @@ PLANTED_DECODE_BUGS = {
 def test_ch04_checker_fails_planted_bugs(bug: str) -> None:
     result = check_decode_cost(PLANTED_DECODE_BUGS[bug])
     assert result.status == "failed" and result.failures
-    assert "Hint" in result.message()
+    message = result.message()
+    assert "Think about:" in message and "show_hint('04.decode_cost', 2)" in message  # the failure class's hint
 
 
 def test_ch04_stub_is_not_started_and_falls_back(capsys: pytest.CaptureFixture[str]) -> None:

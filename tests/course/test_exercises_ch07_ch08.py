@@ -8,30 +8,35 @@ import pytest
 from labkit import Scheduler
 from labkit.core.sched.output import SchedulerOutput
 from labkit.course import use_or_reference
-from labkit.course.ch07_continuous_batching import ADMISSION_TRIAL, check_schedule_waiting
-from labkit.course.ch08_chunked_prefill import BUDGET_TRIAL, check_schedule_running
+from labkit.course.ch07_continuous_batching import ADMISSION_TRIAL, PREFIX_TRIAL, check_schedule_waiting
+from labkit.course.ch08_chunked_prefill import BUDGET_TRIAL, PREEMPTION_TRIAL, check_schedule_running
 from labkit.course.harness.scheduler_records import reference_trial, run_trial
 
 # ---- notebook 07: the admission rule (schedule_waiting) ----
 
 
 def admit(self: Scheduler, out: SchedulerOutput, budget: int, now: float, *, fcfs: bool = True, slots: bool = True,
-          spend: bool = True, blocks: bool = True, once: bool = False, chunks: bool = True) -> None:
+          spend: bool = True, blocks: bool = True, once: bool = False, chunks: bool = True,
+          record: bool = True) -> None:
     """A learner's admission loop; each keyword turns one part of the rule off (a planted bug)."""
     bm = self.block_manager
     i = 0
     while i < len(self.waiting) and (not slots or len(self.running) < self.max_num_seqs) and budget > 0:
         seq = self.waiting[i]
-        num_new = seq.num_tokens
+        cached = bm.lookup_prefix(seq)
+        num_new = seq.num_tokens - len(cached) * bm.block_size
         # chunks=False: whole prompts only, the continuous engine's rule written out (no chunk in engine chunked)
         n = self.num_tokens_to_schedule(num_new, budget) if chunks else (num_new if num_new <= budget else 0)
-        if n == 0 or (blocks and not bm.can_allocate(seq, n)):
+        if n == 0 or (blocks and not bm.can_allocate(seq, n, cached)):
             if fcfs:
                 break
             i += 1  # skip it: a later, smaller request jumps the queue
             continue
         del self.waiting[i]
-        self.admit(seq, n, bm.allocate(seq, n), out, now)
+        copies = bm.allocate(seq, n, cached)
+        if record:
+            bm.record_prefix_query(seq)
+        self.admit(seq, n, copies, out, now)
         if spend:
             budget -= n
         if once:
@@ -73,6 +78,11 @@ class WholePromptsOnly(Scheduler):
         admit(self, out, budget, now, chunks=False)
 
 
+class NoPrefixQuery(Scheduler):
+    def schedule_waiting(self, out, budget, now):  # type: ignore[no-untyped-def]
+        admit(self, out, budget, now, record=False)
+
+
 class NeverAdmits(Scheduler):
     def schedule_waiting(self, out, budget, now):  # type: ignore[no-untyped-def]
         pass  # without the check's step limit and stall detection, generate() would spin forever
@@ -105,11 +115,19 @@ def test_ch07_checker_passes_labkits_rule(cls: type[Scheduler]) -> None:
     (NeverAdmits, "step 0: R0 (24 tokens, 3 KV blocks) was left waiting although it fit"),
     (WholePromptsOnly, "engine chunked, step 0: R1 (20 tokens to compute) was left waiting although a 8-token chunk "
                        "of it (1 KV blocks) fit"),
+    (NoPrefixQuery, "the prefix cache's statistics counted 0 hit of 0 queried prompt tokens (block_manager.hit_rate "
+                    "0.00); with labkit's scheduler 0 of 166"),
 ], ids=lambda v: v.__name__ if isinstance(v, type) else "")
 def test_ch07_checker_fails_planted_bugs(bug: type[Scheduler], message: str) -> None:
     result = check_schedule_waiting(bug)
     assert result.status == "failed" and len(result.failures) == 1, result.message()
     assert message in result.failures[0], result.failures[0]
+    assert "bm.record_prefix_query(seq)" not in result.message()  # the code-level hint only when asked
+
+
+def test_ch07_prefix_trial_hits_the_prefix_cache() -> None:
+    run = reference_trial(PREFIX_TRIAL).run
+    assert run.num_queried_tokens > run.num_hit_tokens > 0
 
 
 def test_ch07_a_stalled_run_ends_with_a_message() -> None:
@@ -121,7 +139,7 @@ def test_ch07_a_stalled_run_ends_with_a_message() -> None:
 
 
 def fill(self: Scheduler, out: SchedulerOutput, budget: int, *, decodes_first: bool = True, cap: bool = True,
-         return_left: bool = True) -> int:
+         return_left: bool = True, skip: bool = True, only_if_reserved: bool = True) -> int:
     """A learner's schedule_running; each keyword turns one part of the rule off (a planted bug)."""
     given = budget
     decodes = [s for s in self.running if s.num_uncomputed_tokens == 1 and not s.pending_token_is_last]
@@ -129,15 +147,16 @@ def fill(self: Scheduler, out: SchedulerOutput, budget: int, *, decodes_first: b
 
     def schedule_decodes(budget: int) -> int:
         for seq in decodes:
-            if seq in self.running and budget >= 1 and self.reserve(seq, 1, out):
-                budget -= 1
+            if (seq in self.running or not skip) and budget >= 1:
+                if self.reserve(seq, 1, out) or not only_if_reserved:
+                    budget -= 1
         return budget
 
     def schedule_partials(budget: int) -> int:
         for seq in partials:
-            if seq in self.running and budget > 0:
+            if (seq in self.running or not skip) and budget > 0:
                 n = min(seq.num_uncomputed_tokens, budget) if cap else seq.num_uncomputed_tokens
-                if self.reserve(seq, n, out):
+                if self.reserve(seq, n, out) or not only_if_reserved:
                     budget -= n
         return budget
 
@@ -166,6 +185,36 @@ class ChunkNotCapped(Scheduler):
 class ReturnsTheWholeBudget(Scheduler):
     def schedule_running(self, out, budget):  # type: ignore[no-untyped-def]
         return fill(self, out, budget, return_left=False)
+
+
+class DecodesTwoTokens(Scheduler):
+    def schedule_running(self, out, budget):  # type: ignore[no-untyped-def]
+        for seq in [s for s in self.running if s.num_uncomputed_tokens == 1 and not s.pending_token_is_last]:
+            if seq in self.running and budget >= 2 and self.reserve(seq, 2, out):  # a decode computes one token
+                budget -= 2
+        return fill(self, out, budget, decodes_first=False)
+
+
+class ChunkPastThePrompt(Scheduler):
+    def schedule_running(self, out, budget):  # type: ignore[no-untyped-def]
+        for seq in [s for s in self.running if s.num_uncomputed_tokens == 1 and not s.pending_token_is_last]:
+            if seq in self.running and budget >= 1 and self.reserve(seq, 1, out):
+                budget -= 1
+        for seq in [s for s in self.running if s.num_uncomputed_tokens > 1]:
+            n = min(seq.num_uncomputed_tokens + 1, budget)  # one token past the end of the prompt
+            if seq in self.running and n > 0 and self.reserve(seq, n, out):
+                budget -= n
+        return budget
+
+
+class KeepsPreempted(Scheduler):
+    def schedule_running(self, out, budget):  # type: ignore[no-untyped-def]
+        return fill(self, out, budget, skip=False)
+
+
+class SpendsOnRefusal(Scheduler):
+    def schedule_running(self, out, budget):  # type: ignore[no-untyped-def]
+        return fill(self, out, budget, only_if_reserved=False)
 
 
 class ForgetsToReturn(Scheduler):
@@ -200,15 +249,37 @@ def test_ch08_checker_passes_labkits_rule(cls: type[Scheduler]) -> None:
 
 @pytest.mark.parametrize("bug,message", [
     (PrefillBeforeDecodes, "step 4: R0 was decoding but got no token (a decode stall)"),
-    (ChunkNotCapped, "tokens with a budget of 32: cap each chunk at the budget left"),
+    (ChunkNotCapped, "tokens with a budget of 32: no chunk may exceed the budget left"),
     (ReturnsTheWholeBudget, "step 1: you scheduled 3 tokens of the 32-token budget but returned 32"),
     (ForgetsToReturn, "step 0: your schedule_running returned None"),
     (FixedChunks, "step 4: R3 had 71 prompt tokens left and got 16"),
+    (DecodesTwoTokens, "step 1: you scheduled 3 tokens of the 32-token budget but returned 23"),  # 1 token each ran
+    (ChunkPastThePrompt, "prompt tokens left but was given"),
+    (KeepsPreempted, "which is no longer running (an earlier reserve in this step preempted it"),
+    (SpendsOnRefusal, "yet your schedule_running took their tokens from the budget"),
 ], ids=lambda v: v.__name__ if isinstance(v, type) else "")
 def test_ch08_checker_fails_planted_bugs(bug: type[Scheduler], message: str) -> None:
     result = check_schedule_running(bug)
     assert result.status == "failed" and len(result.failures) == 1, result.message()
     assert message in result.failures[0], result.failures[0]
+    assert "show_hint('08.schedule_running', 2)" in result.message() and "self.reserve(" not in result.message()
+
+
+def test_ch08_preemption_trial_preempts_within_the_decode_loop_and_refuses() -> None:
+    trial = reference_trial(PREEMPTION_TRIAL)
+    assert trial.run.num_preemptions > 0
+    assert any(r.returned is False for p in trial.plans for r in p.reserves)
+
+
+def test_ch08_a_decode_stall_with_no_chunk_scheduled_says_so() -> None:
+    from labkit.course.ch08_chunked_prefill import budget_problem
+    from labkit.course.harness.scheduler_records import RunningCall, StepPlan
+
+    plan = StepPlan(step=2, queue=[], decoding=["R0", "R1"], prefilling={},
+                    running=RunningCall(budget=8, tokens={"R1": 1}, returned=7))
+    text, because = budget_problem(plan)  # type: ignore[misc]
+    assert "no prompt chunk was scheduled either" in text and "nothing (request" not in text
+    assert because == "decode-stall"
 
 
 # ---- both ----

@@ -20,14 +20,14 @@ from typing import Any
 
 from labkit.core.engine.kvcache import KVCacheEngine
 from labkit.core.kv.contiguous import ContiguousKVCache
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 from labkit.course.ch03_kv_cache import KV_SETUPS
 from labkit.course.ch05_static_batching.static_batch import (
     expect_mask_cases,
     watching_attention_mask,
     watching_prepare_prefill,
 )
-from labkit.course.harness.compare import check_setups, require_subclass
+from labkit.course.harness.compare import RUN_FAILURES, check_setups, require_subclass
 from labkit.measure.batching import static_batch_occupancy
 
 # (prompt_lens, output_lens) of one static batch -> (computed, useful), counted by hand:
@@ -54,7 +54,7 @@ def check_static_batch_tokens(fn: Callable[[Sequence[int], Sequence[int]], Any],
         for prompts, outputs, want in BATCH_CASES:
             got = _pair(fn(list(prompts), list(outputs)))
             check.expect(tuple(got) == want, f"prompt_lens={prompts}, output_lens={outputs}: "
-                         f"(computed, useful) = {tuple(got)!r}, expected {want}")
+                         f"(computed, useful) = {tuple(got)!r}, expected {want}", because="count")
         rng = random.Random(5)
         for _ in range(num_random if not check.result.failures else 0):
             n = rng.randint(1, 8)
@@ -64,18 +64,60 @@ def check_static_batch_tokens(fn: Callable[[Sequence[int], Sequence[int]], Any],
             want = (totals.computed, totals.useful)
             got = _pair(fn(list(prompts), list(outputs)))
             check.expect(tuple(got) == want, f"prompt_lens={prompts}, output_lens={outputs}: "
-                         f"(computed, useful) = {tuple(got)!r}, expected {want} (counted slot by slot)")
+                         f"(computed, useful) = {tuple(got)!r}, expected {want} (counted slot by slot)",
+                         because="count")
             if check.result.failures:
                 break
 
-    return run_checker(
-        "Task 1 (static_batch_tokens)",
-        "Every row runs the padded prefill (max prompt positions) and every decode step of the batch "
-        "(max output - 1 of them: the prefill already samples the first token). A request needs only its "
-        "own prompt + output - 1 positions: the last output token is sampled, never fed back. "
-        "Return (computed, useful), in that order.",
-        body,
-    )
+    return run_checker("Task 1 (static_batch_tokens)", "", body, task_id="05.static_batch_tokens")
+
+
+STATIC_BATCH_HINTS = Hints(
+    concept="A static batch runs every row for as long as its longest prompt and its longest output. Which positions "
+            "does each row compute, and which of them did its request need?",
+    rule="Every row computes the padded prefill (the longest prompt) and every decode step of the batch (the longest "
+         "output less one: the prefill samples the first token). A request needs its own prompt plus its output "
+         "less one (the last token is sampled, never fed back). Return (computed, useful).",
+    code="computed = len(prompts) * (max(prompts) + max(outputs) - 1); useful = sum(p + o - 1 for p, o in "
+         "zip(prompts, outputs)); return computed, useful",
+    by_failure={"count": "count padding and finished rows as computed; count only each request's own prompt and "
+                         "output, less the last token, as useful"},
+)
+
+PREPARE_PREFILL_HINTS = Hints(
+    concept="Prompts of different lengths share one rectangular batch, and each row's next token is read from its "
+            "last column. Where must the padding go so that every row's last column is a real token, and what "
+            "position does a real token have when padding comes before it?",
+    rule="The batch is as wide as the longest prompt. Each row holds its prompt in its last columns (padding on the "
+         "left), marked valid exactly there; a real token's position counts from the row's first real token, so "
+         "padding never shifts positions. Padding columns hold a harmless id and position and are not valid.",
+    code="T = max prompt length; for a row with p tokens: ids[b, T - p:] = prompt, valid[b, T - p:] = True, "
+         "positions[b, T - p:] = arange(p); padding: id 0, position 0, valid False.",
+    by_failure={
+        **RUN_FAILURES,
+        "stopped": "each row's real tokens sit at its end (left padding), valid exactly there, positions from 0",
+        "transformers": "a wrong token means the model saw padding as text, or the wrong positions: the real "
+                        "tokens' positions start at 0 in every row",
+    },
+)
+
+ATTENTION_MASK_HINTS = Hints(
+    concept="In a padded batch with a cache, a query may look at some columns and not others. Which columns hold "
+            "real tokens, which lie in the query's future, and what happens to a softmax row that may look at "
+            "nothing?",
+    rule="Query t of a step sits at column start + t. It may see a column when that column holds a real token and "
+         "is not later than itself; a padding query must still see at least its own column, so its softmax is "
+         "defined.",
+    code="cols = arange(S), rows = start + arange(T); allowed = valid[:, None, None, :] & (cols[None, :] <= "
+         "rows[:, None]); OR in cols == rows so a padding query sees itself.",
+    by_failure={
+        **RUN_FAILURES,
+        "mask": "a query sees real tokens up to and including its own column, never later ones, never padding; a "
+                "padding query sees at least itself",
+        "stopped": "the mask is (B, 1, T, S): True where a query may look",
+        "transformers": "a wrong token means a real token looked at padding, at its future, or not at its past",
+    },
+)
 
 
 def check_prepare_prefill(cls: type[KVCacheEngine], model: str = "labkit-tiny") -> CheckResult:
@@ -85,13 +127,7 @@ def check_prepare_prefill(cls: type[KVCacheEngine], model: str = "labkit-tiny") 
         engine = watching_prepare_prefill(require_subclass(cls, KVCacheEngine, "class MyEngine(KVCacheEngine): ..."))
         check_setups(check, KV_SETUPS, model, "prepare_prefill", "labkit's own engine", engine=engine)
 
-    return run_checker(
-        "Task 2 (prepare_prefill)",
-        "T = the longest prompt; a row with p prompt tokens holds them in its LAST p columns (left padding), "
-        "valid is True exactly there, and their positions count 0 .. p-1 from the row's first real token; "
-        "padding columns: id 0, position 0, valid False.",
-        body,
-    )
+    return run_checker("Task 2 (prepare_prefill)", "", body, task_id="05.prepare_prefill")
 
 
 def check_attention_mask(cls: type[ContiguousKVCache], model: str = "labkit-tiny") -> CheckResult:
@@ -103,10 +139,4 @@ def check_attention_mask(cls: type[ContiguousKVCache], model: str = "labkit-tiny
             check_setups(check, KV_SETUPS, model, "attention_mask", "labkit's own cache",
                          kv_cache_cls=watching_attention_mask(cache))
 
-    return run_checker(
-        "Task 3 (attention_mask)",
-        "query t sits in column start + t; it may see column j when valid[b, j] and j <= start + t (broadcast "
-        "valid (B, 1, 1, S) against a (T, S) comparison of two torch.arange's), and a padding query must still "
-        "see itself (OR in j == start + t).",
-        body,
-    )
+    return run_checker("Task 3 (attention_mask)", "", body, task_id="05.attention_mask")

@@ -168,6 +168,6 @@ def expect_mask_cases(check: Check, cls: type[ContiguousKVCache], model: str) ->
         want = ContiguousKVCache.attention_mask(cache, valid, start)
         problem = mask_problem(valid, start, cache.attention_mask(valid.clone(), start), want)
         if problem is not None:
-            check.expect(False, f"valid = {rows}, start = {start} ({what}): {problem}")
+            check.expect(False, f"valid = {rows}, start = {start} ({what}): {problem}", because="mask")
             return False
     return True

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from labkit.core.kv.block_manager import BlockManager, hash_block
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 from labkit.course.harness.compare import require_subclass
 
 if TYPE_CHECKING:
@@ -50,6 +50,42 @@ def greedy_tokens(llm: LLM, prompts: list[str], max_tokens: int) -> list[list[in
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
+SLOT_HINTS = Hints(
+    concept="The KV pool is one long row of slots cut into blocks; a sequence's block table lists its blocks in "
+            "order, scattered anywhere in the pool. Which entry of the table holds token `position`, and where "
+            "inside that block?",
+    rule="A token's block is the table entry at its position divided by the block size; inside it, the offset is "
+         "the remainder. A block is block_size slots wide, so its first slot is its id times block_size.",
+    code="seq.block_table[position // self.block_size] * self.block_size + position % self.block_size",
+    by_failure={
+        "slot": "the table entry comes from the integer quotient of the position, the offset from the remainder, "
+                "and a block's first slot is its id times the block size",
+        "not-called": "override slot(self, seq, position) in your BlockManager subclass",
+        "engine-tokens": "in the engine a wrong slot stores a token's K/V where another token's belong",
+    },
+)
+
+BLOCK_HASH_HINTS = Hints(
+    concept="Two prompts may share a block of tokens and still differ before it. What must a block's hash depend "
+            "on, besides its own tokens, so that a cached block is reused only after the same prefix? And which "
+            "blocks are worth hashing at all?",
+    rule="Hash the full blocks only, in order. Each block's hash combines the previous block's hash (none for the "
+         "first) with its own tokens, so a hash names the whole prefix up to that block.",
+    code="parent = None; for i in range(len(token_ids) // self.block_size): parent = hash_block(parent, "
+         "tuple(token_ids[i * bs:(i + 1) * bs])); collect parent.",
+    by_failure={
+        "return-type": "block_hashes returns a list with one hash per full block",
+        "block-count": "only full blocks are hashed: a partial last block can still change",
+        "first-block": "the first block has no parent; its tokens are hashed as a tuple",
+        "not-chained": "each hash must include its parent's, so the same tokens after a different prefix hash "
+                       "differently",
+        "engine-prefix": "the prefix cache finds a block by its hash: your hashes decide which prompt tokens are "
+                         "found",
+        "engine-tokens": "a block reused after a different prefix gives the model the wrong K/V",
+    },
+)
+
+
 def check_slot(cls: type[BlockManager], model: str = "labkit-tiny", max_tokens: int = 8) -> CheckResult:
     """Task 1: ``cls(...).slot(seq, position)`` is the pool slot of token ``position`` of ``seq``."""
     from labkit import LLM  # late import: labkit.core.llm imports the engines
@@ -60,7 +96,7 @@ def check_slot(cls: type[BlockManager], model: str = "labkit-tiny", max_tokens: 
         for position, want in ((0, 28), (3, 31), (4, 8), (9, 37)):
             got = bm.slot(table([7, 2, 9]), position)  # type: ignore[arg-type]
             check.expect(got == want, f"block_table [7, 2, 9], block_size 4: token {position} should be in slot "
-                         f"{want}, got {got}")
+                         f"{want}, got {got}", because="slot")
         rng = random.Random(0)
         for _ in range(50):
             bs = rng.choice([1, 2, 3, 16])
@@ -69,13 +105,14 @@ def check_slot(cls: type[BlockManager], model: str = "labkit-tiny", max_tokens: 
             got = cls_(num_blocks=40, block_size=bs).slot(table(t), p)  # type: ignore[arg-type]
             want = BlockManager(num_blocks=40, block_size=bs).slot(table(t), p)  # type: ignore[arg-type]
             if got != want:
-                check.expect(False, f"block_table {t}, block_size {bs}, token {p}: slot {want} expected, got {got}")
+                check.expect(False, f"block_table {t}, block_size {bs}, token {p}: slot {want} expected, got {got}",
+                             because="slot")
                 break
         bm = cls_(num_blocks=6, block_size=3)
         slots = [bm.slot(table([5, 0, 3]), p) for p in range(9)]  # type: ignore[arg-type]
         check.expect(sorted(slots) == [0, 1, 2, 9, 10, 11, 15, 16, 17],
                      f"the 9 tokens of block_table [5, 0, 3] (block_size 3) must fill blocks 5, 0 and 3 exactly: "
-                     f"slots {slots}")
+                     f"slots {slots}", because="slot")
         if check.result.failures:
             return
         # Inside the engine: "loop" input preparation maps every new token through the block manager's slot.
@@ -90,20 +127,16 @@ def check_slot(cls: type[BlockManager], model: str = "labkit-tiny", max_tokens: 
 
         mine = LLM(model, block_manager_cls=Counting, prepare_inputs="loop", **options)  # type: ignore[arg-type]
         got_ids = greedy_tokens(mine, PROMPTS, max_tokens)
-        check.expect(bool(calls), "the engine never called your slot (did you override `slot(self, seq, position)`?)")
+        check.expect(bool(calls), "the engine never called your slot (did you override `slot(self, seq, position)`?)",
+                     because="not-called")
         for prompt, want, got in zip(PROMPTS, want_ids, got_ids):
             if got != want:
                 check.expect(False, f"with your slot mapping the paged engine's greedy tokens for {prompt!r} differ "
                              f"from labkit's at output token {first_difference(got, want)}: K/V went to the wrong "
-                             "slots")
+                             "slots", because="engine-tokens")
                 break
 
-    return run_checker(
-        "Task 1 (slot mapping)",
-        "the token sits in block seq.block_table[position // self.block_size], at offset position % "
-        "self.block_size within it; a block is block_size slots wide, so block b starts at slot b * block_size.",
-        body,
-    )
+    return run_checker("Task 1 (slot mapping)", "", body, task_id="06.slot")
 
 
 def first_difference(got: list[int], want: list[int]) -> int:
@@ -169,11 +202,12 @@ def check_block_hashes(cls: type[BlockManager], model: str = "labkit-tiny", max_
                         (list(range(7)), 3)):
             got = hashes(ids, bs)
             if not isinstance(got, list):
-                check.expect(False, f"block_hashes must return a list (one hash per full block), got {got!r}")
+                check.expect(False, f"block_hashes must return a list (one hash per full block), got {got!r}",
+                             because="return-type")
                 return
             fault = count_fault(len(ids), bs, len(got))
             if fault:
-                check.expect(False, fault)
+                check.expect(False, fault, because="block-count")
                 break
 
         def full(token_ids: list[int], block_size: int) -> list[int]:
@@ -184,21 +218,23 @@ def check_block_hashes(cls: type[BlockManager], model: str = "labkit-tiny", max_
         h0 = hash_block(None, (1, 2, 3, 4))
         if got[:1] != [h0]:
             check.expect(False, "the first block's hash is hash_block(None, (1, 2, 3, 4)): no parent, and its "
-                         f"tokens as a tuple; got {got[:1]!r}")
+                         f"tokens as a tuple; got {got[:1]!r}", because="first-block")
         elif got[1:] == [hash_block(None, (5, 6, 7, 8))]:
             check.expect(False, "the second block's hash ignores the first: chain each hash to its parent, "
-                         "hash_block(<first block's hash>, (5, 6, 7, 8))")
+                         "hash_block(<first block's hash>, (5, 6, 7, 8))", because="not-chained")
         elif got[1:] != [hash_block(h0, (5, 6, 7, 8))]:
-            check.expect(False, "the second block's hash is hash_block(<first block's hash>, (5, 6, 7, 8))")
+            check.expect(False, "the second block's hash is hash_block(<first block's hash>, (5, 6, 7, 8))",
+                         because="not-chained")
         a, b = full([1, 2, 3, 4, 5, 6, 7, 8], 4), full([0, 2, 3, 4, 5, 6, 7, 8], 4)
         if not check.result.failures:
             check.expect(a[1:] != b[1:], "the same tokens after a different prefix must hash differently: chain "
-                         "each hash to its parent")
+                         "each hash to its parent", because="not-chained")
         rng = random.Random(0)
         for _ in range(0 if check.result.failures else 20):
             ids, bs = [rng.randrange(2048) for _ in range(rng.randrange(40))], rng.choice([1, 3, 16])
             if full(ids, bs) != BlockManager(num_blocks=8, block_size=bs).block_hashes(ids):
-                check.expect(False, f"{len(ids)} random tokens, block_size {bs}: hashes differ from labkit's")
+                check.expect(False, f"{len(ids)} random tokens, block_size {bs}: hashes differ from labkit's",
+                             because="not-chained")
                 break
         if check.result.failures:
             return
@@ -213,26 +249,24 @@ def check_block_hashes(cls: type[BlockManager], model: str = "labkit-tiny", max_
         for i, (got_n, want_n) in enumerate(zip(got_cached, want_cached)):
             if got_n != want_n:
                 check.expect(False, f"request {i} of {len(prompts)} (prompts sharing prefixes, blocks of 4) found "
-                             f"{got_n} prompt tokens in the prefix cache with your hashes, {want_n} with labkit's")
+                             f"{got_n} prompt tokens in the prefix cache with your hashes, {want_n} with labkit's",
+                             because="engine-prefix")
                 break
         for i, (got, want) in enumerate(zip(got_ids, want_ids)):
             if got != want:
                 check.expect(False, f"request {i}: with your hashes the engine's greedy tokens differ from labkit's "
                              f"at output token {first_difference(got, want)}: a cached block was reused after a "
-                             "different prefix")
+                             "different prefix", because="engine-tokens")
                 break
         bm, ref_bm = mine.engine.block_manager, reference.engine.block_manager
         check.expect((bm.num_hit_tokens, bm.num_queried_tokens) == (ref_bm.num_hit_tokens, ref_bm.num_queried_tokens),
                      f"prefix-cache hits: {bm.num_hit_tokens} of {bm.num_queried_tokens} prompt tokens with your "
-                     f"hashes, {ref_bm.num_hit_tokens} of {ref_bm.num_queried_tokens} with labkit's")
+                     f"hashes, {ref_bm.num_hit_tokens} of {ref_bm.num_queried_tokens} with labkit's",
+                     because="engine-prefix")
         registered, want_registered = set(bm.hash_to_block_id), set(ref_bm.hash_to_block_id)
         check.expect(registered == want_registered,
                      f"the engine's block manager registered {len(registered - want_registered)} block hash(es) that "
-                     f"labkit's does not (of {len(registered)}): cache_full_blocks hashes with your block_hashes too")
+                     f"labkit's does not (of {len(registered)}): cache_full_blocks hashes with your block_hashes too",
+                     because="engine-prefix")
 
-    return run_checker(
-        "Task 2 (chained block hash)",
-        "loop over the full blocks only (len(token_ids) // self.block_size of them); hash each with "
-        "hash_block(parent, tuple(block_tokens)) where parent is the previous block's hash (None for the first).",
-        body,
-    )
+    return run_checker("Task 2 (chained block hash)", "", body, task_id="06.block_hashes")

@@ -22,8 +22,8 @@ import torch
 
 from labkit.core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from labkit.core.kv.paged_pool import PagedKVPool
-from labkit.course import Check, CheckResult, run_checker
-from labkit.course.harness.compare import check_setups, require_subclass
+from labkit.course import Check, CheckResult, Hints, run_checker
+from labkit.course.harness.compare import RUN_FAILURES, check_setups, require_subclass
 from labkit.course.harness.runs import Request, Setup, prompt
 
 N_HEADS, N_KV, D, BS = 8, 2, 8, 4  # GQA: query heads 0-3 read KV head 0, heads 4-7 read KV head 1
@@ -119,7 +119,7 @@ def direct_case(check: Check, cls: type[PagedAttentionBackend], index: int) -> N
     shape = (1, q.shape[1], N_HEADS, D)
     if not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape):
         check.expect(False, f"{what}: attend must return a tensor shaped (1, N, n_heads, head_dim) = {shape}, got "
-                     f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+                     f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}", because="shape")
         return
     written = before_k.clone().flatten(0, 1), before_v.clone().flatten(0, 1)
     written[0][meta.slot_mapping], written[1][meta.slot_mapping] = k[0], v[0]
@@ -128,26 +128,29 @@ def direct_case(check: Check, cls: type[PagedAttentionBackend], index: int) -> N
         if not (torch.equal(pool_k[slot], k[0, i]) and torch.equal(pool_v[slot], v[0, i])):
             check.expect(False, f"{what}: new token {i}'s K and V belong in slot {slot} (block {slot // BS}, offset "
                          f"{slot % BS}) of layer {LAYER}'s pool (meta.slot_mapping[{i}]); after attend they are not "
-                         "there: write k[0] and v[0] into the slots before attending")
+                         "there", because="not-written")
             return
     check.expect(torch.equal(pool.k[0], layer0), f"{what}: attend({LAYER}, ...) changed layer 0's pool: use "
-                 "self.pool.k[layer_idx] and self.pool.v[layer_idx]")
+                 "self.pool.k[layer_idx] and self.pool.v[layer_idx]", because="wrong-layer")
     k_pool, v_pool = written[0].view_as(before_k), written[1].view_as(before_v)
     want = softmax_attention(q, k_pool, v_pool, meta)
     if torch.allclose(out, want, rtol=TOL, atol=TOL):
         return
-    why = "compare with softmax(q · K / sqrt(head_dim)) · V over the sequence's own tokens"
+    why, because = "compare with softmax(q · K / sqrt(head_dim)) · V over the sequence's own tokens", "wrong-output"
     if torch.allclose(out, softmax_attention(q, before_k, before_v, meta), rtol=TOL, atol=TOL):
-        why = "it matches attention over the pool *before* this step's K/V were written: write first, then attend"
+        why = "it matches attention over the pool *before* this step's K/V were written"
+        because = "attend-before-write"
     elif torch.allclose(out, softmax_attention(q, k_pool, v_pool, meta, whole_blocks=True), rtol=TOL, atol=TOL):
         why = ("it matches attention over every slot of the sequence's blocks: the slots past its context length "
-               "hold garbage (another sequence's, or nothing yet); keep only the first context_len")
+               "hold garbage (another sequence's, or nothing yet)")
+        because = "past-context"
     elif torch.allclose(out, softmax_attention(q, k_pool, v_pool, meta, kv_head=lambda h: h % N_KV),
                         rtol=TOL, atol=TOL):
         why = (f"it matches query head h reading KV head h % {N_KV}: with grouped-query attention, heads "
-               f"0-{N_HEADS // N_KV - 1} share KV head 0, and so on (KV head h // (n_heads // n_kv_heads))")
+               f"0-{N_HEADS // N_KV - 1} share KV head 0, and so on")
+        because = "gqa"
     check.expect(False, f"{what} ({N_HEADS} query heads, {N_KV} KV heads, block_size {BS}): wrong output for "
-                 f"{first_wrong(out, want, meta)}; {why}")
+                 f"{first_wrong(out, want, meta)}; {why}", because=because)
 
 
 @functools.lru_cache(maxsize=4)
@@ -163,6 +166,29 @@ def workloads(model: str = "labkit-tiny") -> tuple[Setup, ...]:
             Setup("prefill chunks beside decodes", chunked, "chunked", max_num_batched_tokens=16, **pool))
 
 
+HINTS = Hints(
+    concept="A sequence's keys and values are scattered over the blocks of its table, and the pool's blocks past "
+            "its last token hold someone else's data. What must be in the pool before a new token can attend to "
+            "itself, and which slots belong to this sequence's context?",
+    rule="First store this step's K/V in the slots the slot mapping names. Then, for each sequence, gather its "
+         "blocks in table order, keep only its first context_len positions, let each query head read its group's "
+         "KV head (grouped-query attention), and let new token j see only positions up to its own.",
+    code="k_pool.flatten(0, 1)[meta.slot_mapping] = k[0] (and v); per sequence: keys = "
+         "k_pool[table].flatten(0, 1)[:context_len]; query head h reads KV head h // (n_heads // n_kv_heads); new "
+         "token j sits at position context_len - query_len + j (causal mask).",
+    by_failure={
+        **RUN_FAILURES,
+        "shape": "attend returns one output per new token and query head: (1, N, n_heads, head_dim)",
+        "not-written": "this step's K and V go into the pool at the slots meta.slot_mapping names, before attending",
+        "wrong-layer": "each layer has its own pool: write and read the layer attend was called for",
+        "attend-before-write": "a new token attends to itself: its K/V must be in the pool first",
+        "past-context": "a sequence's last block is rarely full: slots past its context length are not its tokens",
+        "gqa": "with grouped-query attention consecutive query heads share one KV head",
+        "wrong-output": "each query attends over its own sequence's tokens, in table order, up to its own position",
+    },
+)
+
+
 def check_paged_attention(cls: type[PagedAttentionBackend], model: str = "labkit-tiny") -> CheckResult:
     """Build task: ``cls(pool, meta).attend`` on hand-built steps, then inside engines continuous and chunked."""
 
@@ -176,10 +202,4 @@ def check_paged_attention(cls: type[PagedAttentionBackend], model: str = "labkit
         check_setups(check, workloads(model), model, "attention backend", "labkit's attention backend", every=True,
                      attention_backend=cls_)
 
-    return run_checker(
-        "Build: paged attention",
-        "first write k[0], v[0] into the flat pool at meta.slot_mapping; then for each sequence gather "
-        "k_pool[table].flatten(0, 1)[:context_len], give query head h the KV head h // (n_heads // n_kv_heads), "
-        "and mask causally: new token j sits at position context_len - query_len + j.",
-        body,
-    )
+    return run_checker("", "", body, task_id="06.paged_attention")

@@ -27,10 +27,10 @@ from dataclasses import replace
 
 from labkit.core.kv.block_manager import PoolExhausted
 from labkit.core.sched.scheduler import Scheduler
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 from labkit.course.ch07_continuous_batching.preemption import reserve_problem
-from labkit.course.harness.compare import expect_run
-from labkit.course.harness.runs import Setup, requests_of_lengths
+from labkit.course.harness.compare import RUN_FAILURES, expect_run
+from labkit.course.harness.runs import Request, Setup, TextOfLength, requests_of_lengths
 from labkit.course.harness.scheduler_records import WaitingCall, require_scheduler, run_trial, show
 
 # Three slots, a 64-token budget and 12 blocks of 8 tokens: each limit stops admission at some step, a small
@@ -41,42 +41,114 @@ ADMISSION_TRIAL = Setup(
     requests_of_lengths((24, 12, 0), (20, 8, 0), (30, 10, 0), (8, 6, 0), (36, 4, 0), (12, 10, 0), (6, 3, 0)),
     engine="continuous", max_num_seqs=3, max_num_batched_tokens=64, block_size=8, num_gpu_blocks=12,
 )
-ADMISSION_TRIALS = (ADMISSION_TRIAL, replace(ADMISSION_TRIAL, engine="chunked", max_num_batched_tokens=32))
+# The same 20-token prompt three times and another one: admissions meet the prefix cache, whose statistics
+# (block_manager.hit_rate) count every admitted prompt once.
+PREFIX_TRIAL = Setup(
+    "4 requests, 3 sharing a prompt",
+    (Request("R0", TextOfLength(20, seed=0), 6), Request("R1", TextOfLength(20, seed=0), 6, arrival_step=2),
+     Request("R2", TextOfLength(12, seed=1), 6, arrival_step=2), Request("R3", TextOfLength(20, seed=0), 4,
+                                                                            arrival_step=4)),
+    engine="continuous", max_num_seqs=3, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=32,
+    enable_prefix_caching=True,
+)
+ADMISSION_TRIALS = (ADMISSION_TRIAL, replace(ADMISSION_TRIAL, engine="chunked", max_num_batched_tokens=32),
+                    PREFIX_TRIAL)
+
+ADMISSION_HINTS = Hints(
+    concept="Three things limit who may join a step: slots, the token budget and free KV blocks. When the request at "
+            "the head of the queue does not fit but a smaller one behind it would, what does letting the smaller one "
+            "in do to the big one, step after step?",
+    rule="Walk the queue from its head. Admit the head while a slot is free, its tokens for this step (n) are not 0 "
+         "and its blocks fit; each admission uses a slot, n tokens of the budget and its blocks, and is counted in "
+         "the prefix cache's statistics. Stop at the first request that does not fit: nobody behind it may jump "
+         "the queue (first come, first served).",
+    code="inside the loop, after n is known: if len(self.running) >= self.max_num_seqs or n == 0 or not "
+         "bm.can_allocate(seq, n, cached): break. Else self.waiting.popleft(); copies = bm.allocate(seq, n, cached); "
+         "bm.record_prefix_query(seq); self.admit(seq, n, copies, out, now); budget -= n.",
+    by_failure={
+        **RUN_FAILURES,
+        "pool-exhausted": "ask the block manager whether the blocks are free before taking them, and stop if not",
+        "queue-jump": "first come, first served: the first request that does not fit stops admission for this step",
+        "slots": "a step never runs more requests than there are slots (max_num_seqs)",
+        "budget": "each admission must fit what is left of the step's token budget, and uses it up",
+        "whole-prompt": "engine continuous prefills a prompt whole; the number of tokens a request may compute this "
+                        "step is what num_tokens_to_schedule says, in either engine",
+        "left-waiting": "admit while the head of the queue fits: a slot, the budget and its blocks",
+    },
+)
+
+PREEMPTION_HINTS = Hints(
+    concept="The pool ran dry while requests decode. Somebody must give back their blocks and redo their work later. "
+            "Which running request loses the least if it is recomputed, and which requests may not be touched "
+            "because their blocks are being written right now?",
+    rule="While the blocks for seq are missing, preempt the request admitted last (it has done the least work), "
+         "unless it is protected (already in this step's batch, or in a launched step still computing): then give "
+         "up. If seq itself was the one to go, give up too. Stop preempting as soon as there is room, then schedule "
+         "seq. A preempted request leaves the running list, returns every block, waits again at the head of the "
+         "queue (it arrived before everyone behind it) and is counted.",
+    code="reserve: while not bm.can_allocate(seq, n): victim = self.running[-1]; if victim in out.seqs or "
+         "id(victim) in self.in_flight: return False; self.preempt(victim); if victim is seq: return False. Then "
+         "out.add(seq, n, bm.allocate(seq, n)); return True. preempt: self.running.remove(seq); "
+         "self.block_manager.free(seq); seq.status = SequenceStatus.WAITING; seq.num_preemptions += 1; "
+         "self.num_preemptions += 1; self.waiting.appendleft(seq).",
+    by_failure={
+        **RUN_FAILURES,
+        "pool-exhausted": "take blocks only once the block manager says they are free; preempt until it does",
+        "bypass-preempt": "every preemption goes through preempt, which the engine and its statistics rely on",
+        "needless-preemption": "preempt only while the pool is short of blocks for seq",
+        "victim-not-newest": "the request admitted last has done the least work: recomputing it wastes the least",
+        "victim-protected": "a request in this step's batch, or in a launched step, has blocks being written: when "
+                            "the newest is protected nobody may be preempted, and seq waits",
+        "still-running": "a preempted request no longer runs",
+        "blocks-not-freed": "a preempted request gives every block back to the pool",
+        "status": "a preempted request is waiting again",
+        "not-requeued": "a preempted request must be in the waiting queue, or it never runs again",
+        "queue-tail": "a preempted request arrived before everyone now waiting: it goes back to the head",
+        "not-counted": "count each preemption once, for the request and for the scheduler",
+        "went-on": "once seq itself gave way there is nothing left to reserve for it",
+        "over-preemption": "stop preempting as soon as seq fits",
+        "return-value": "reserve answers one question: did seq get its blocks and join this step (True) or not",
+        "gave-up": "when the pool is short and the newest request is not protected, somebody must give way",
+        "not-added": "a request that got its blocks joins this step's batch with its n tokens",
+    },
+)
 
 
-def admission_problem(step: int, call: WaitingCall, max_num_seqs: int, chunked: bool = False) -> str | None:
-    """What is wrong with one ``schedule_waiting`` call (in engine ``chunked`` if ``chunked``), or None."""
+def admission_problem(step: int, call: WaitingCall, max_num_seqs: int,
+                      chunked: bool = False) -> tuple[str, str] | None:
+    """What is wrong with one ``schedule_waiting`` call (in engine ``chunked`` if ``chunked``) and its failure class,
+    or None."""
     queue = [name for name, _, _ in call.queue]
     admitted = list(call.admitted)
     if isinstance(call.error, PoolExhausted):
         name, num_new, blocks = next(entry for entry in call.queue if entry[0] not in call.admitted)
         return (f"step {step}: admitting {name} ({num_new} tokens, {blocks} KV blocks) ran the pool out of blocks "
                 f"({call.free_blocks} were free before this step's admissions): ask "
-                "bm.can_allocate(seq, num_new, cached) before allocating, and stop if it says no")
+                "bm.can_allocate(seq, num_new, cached) before allocating, and stop if it says no", "pool-exhausted")
     if call.error is not None:
         return None  # any other error is reported as such, with its line
     if admitted != queue[: len(admitted)]:
         jumped = next(name for name in admitted if name not in queue[: len(admitted)])
         skipped = next(name for name in queue[: len(admitted)] if name not in admitted)
         return (f"step {step}: {jumped} was admitted while {skipped}, ahead of it in the queue {queue}, kept waiting: "
-                "first come, first served stops at the first request that does not fit (break, not continue)")
+                "first come, first served stops at the first request that does not fit", "queue-jump")
     if call.num_running_after > max_num_seqs:
         return (f"step {step}: {call.num_running_after} requests were running after admission, more than "
                 f"max_num_seqs = {max_num_seqs} ({call.free_slots} slot(s) were free and you admitted "
-                f"{', '.join(admitted)}): admit only while len(self.running) < self.max_num_seqs")
+                f"{', '.join(admitted)}): admit only while a slot is free", "slots")
     used = sum(call.admitted.values())
     if used > call.budget:
         return (f"step {step}: you admitted {show(call.admitted)} (request: tokens) = {used} tokens, but only "
-                f"{call.budget} of the step's budget were left: each admission must fit what is left, and uses it up")
+                f"{call.budget} of the step's budget were left", "budget")
     left = call.budget
     for (name, num_new, _), n in zip(call.queue, call.admitted.values()):
         if not chunked and n != num_new:
             return (f"step {step}: {name} was admitted with {n} of the {num_new} tokens it must compute: engine "
-                    "continuous prefills a prompt whole (if it does not fit the budget, it waits)")
+                    "continuous prefills a prompt whole (if it does not fit the budget, it waits)", "whole-prompt")
         if chunked and n != min(num_new, left):
             return (f"step {step}: {name} was admitted with {n} of the {num_new} tokens it must compute, with {left} "
                     f"of the budget left: engine chunked gives it min(tokens, budget left) = {min(num_new, left)}; "
-                    "n = self.num_tokens_to_schedule(num_new, budget) says how many, in either engine")
+                    "n = self.num_tokens_to_schedule(num_new, budget) says how many, in either engine", "whole-prompt")
         left -= n
     if call.head_fit is not None:
         name, num_new, n, blocks = call.head_fit
@@ -85,9 +157,9 @@ def admission_problem(step: int, call: WaitingCall, max_num_seqs: int, chunked: 
         if n < num_new:  # engine chunked: a chunk would have joined
             return (f"step {step}: {name} ({num_new} tokens to compute) was left waiting although a {n}-token chunk of "
                     f"it ({blocks} KV blocks) fit: {room}. In engine chunked a prompt that does not fit whole joins "
-                    "with a chunk: n = self.num_tokens_to_schedule(num_new, budget)")
+                    "with a chunk: n = self.num_tokens_to_schedule(num_new, budget)", "left-waiting")
         return (f"step {step}: {name} ({num_new} tokens, {blocks} KV blocks) was left waiting although it fit: {room}. "
-                "Admit while a slot, the budget and the blocks allow")
+                "Admit while a slot, the budget and the blocks allow", "left-waiting")
     return None
 
 
@@ -101,18 +173,13 @@ def check_schedule_waiting(cls: type[Scheduler], model: str = "labkit-tiny") -> 
             for plan in trial.plans:
                 problem = plan.waiting and admission_problem(plan.step, plan.waiting, setup.max_num_seqs, chunked)
                 if problem:
-                    check.expect(False, f"engine chunked, {problem}" if chunked else problem)
+                    text, because = problem
+                    check.expect(False, f"engine chunked, {text}" if chunked else text, because=because)
                     return
             if not expect_run(check, trial.run, model, "schedule_waiting", "labkit's scheduler"):
                 return
 
-    return run_checker(
-        "Task 1 (schedule_waiting)",
-        "loop while the queue is not empty and len(self.running) < self.max_num_seqs; take self.waiting[0]; n = "
-        "self.num_tokens_to_schedule(num_new, budget); if n == 0 or bm.can_allocate(seq, n, cached) is False, break "
-        "(never skip it); else popleft, allocate n, admit with n, and subtract n from the budget.",
-        body,
-    )
+    return run_checker("Task 1 (schedule_waiting)", "", body, task_id="07.schedule_waiting")
 
 
 # (prompt tokens, output tokens, arrival step), R0, R1, ... in order of arrival. Blocks of 4 tokens in pools of 14-15:
@@ -145,17 +212,10 @@ def check_preemption(cls: type[Scheduler], model: str = "labkit-tiny") -> CheckR
                 for call in plan.reserves:
                     problem = reserve_problem(f"engine {setup.engine}{mode}, step {plan.step}", call)
                     if problem:
-                        check.expect(False, problem)
+                        text, because = problem
+                        check.expect(False, text, because=because)
                         return
             if not expect_run(check, trial.run, model, "reserve/preempt", "labkit's scheduler"):
                 return
 
-    return run_checker(
-        "Task 2 (preemption by recompute)",
-        "reserve: while not bm.can_allocate(seq, n): victim = self.running[-1]; if victim in out.seqs or "
-        "id(victim) in self.in_flight: return False; self.preempt(victim); if victim is seq: return False. Then "
-        "out.add(seq, n, bm.allocate(seq, n)) and return True. preempt: self.running.remove(seq), "
-        "self.block_manager.free(seq), seq.status = SequenceStatus.WAITING, count it (seq.num_preemptions and "
-        "self.num_preemptions), self.waiting.appendleft(seq).",
-        body,
-    )
+    return run_checker("Task 2 (preemption by recompute)", "", body, task_id="07.preempt")

@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 from labkit.measure.loadgen.metrics import RequestRecord, request_goodput
 
 Goodput = Callable[[Sequence[RequestRecord], Mapping[str, float], float], float]
@@ -59,6 +59,17 @@ def random_cases(seed: int = 9, n: int = 100) -> list[tuple[list[RequestRecord],
     return cases
 
 
+HINTS = Hints(
+    concept="Goodput counts the requests that were worth serving. Which requests count, how many SLOs must each "
+            "meet, and per what is the count expressed?",
+    rule="Skip failed requests; a request counts when it meets every SLO given (a value at the limit meets it); "
+         "the goodput is the number that count per second of the run.",
+    code="sum(ok and ttft <= ttft_slo_ms / 1e3 and tpot <= tpot_slo_ms / 1e3 ... for each record) / duration, checking "
+         "only the SLOs given",
+    by_failure={"goodput": "a request counts only if it succeeded and met every SLO given; the result is per second"},
+)
+
+
 def check_goodput(fn: Goodput) -> CheckResult:
     """Task 1: ``fn(records, slos_ms, duration_s)`` returns requests meeting every SLO per second."""
 
@@ -66,7 +77,7 @@ def check_goodput(fn: Goodput) -> CheckResult:
         for slos, duration, want, why in GOODPUT_CASES:
             got = fn(list(RUN), dict(slos), duration)
             check.expect(isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12),
-                         f"SLOs {slos} over {duration} s: got {got!r}, expected {want} ({why})")
+                         f"SLOs {slos} over {duration} s: got {got!r}, expected {want} ({why})", because="goodput")
         wrong = 0
         for records, slos, duration in random_cases():
             want = request_goodput(records, slos, duration)
@@ -76,12 +87,8 @@ def check_goodput(fn: Goodput) -> CheckResult:
                 if wrong == 1:
                     check.expect(False, f"random run of {len(records)} requests, SLOs "
                                         f"{ {k: round(v, 1) for k, v in slos.items()} } ms, {duration:.2f} s: "
-                                        f"got {got!r}, expected {want}")
-        check.expect(wrong == 0, f"{wrong} of 100 random runs gave a different goodput from the reference")
+                                        f"got {got!r}, expected {want}", because="goodput")
+        check.expect(wrong == 0, f"{wrong} of 100 random runs gave a different goodput from the reference",
+                     because="goodput")
 
-    return run_checker(
-        "Task 1 (request_goodput)",
-        "skip failed records; convert the SLOs from ms to s; use <= (a value at the limit meets it); TPOT is "
-        "record.tpot (0 for one output token); check only the SLOs given; divide the count by the duration.",
-        body,
-    )
+    return run_checker("Task 1 (request_goodput)", "", body, task_id="09.goodput")

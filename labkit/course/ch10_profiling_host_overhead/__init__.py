@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 from labkit.measure.profiling.trace_analysis import idle_fraction
 
 IdleFraction = Callable[[Sequence[Mapping[str, Any]], float, float], float]
@@ -63,6 +63,18 @@ def random_cases(seed: int = 10, n: int = 200) -> list[tuple[list[tuple[float, f
     return cases
 
 
+HINTS = Hints(
+    concept="Trace events overlap and nest, and some start before the window or end after it. How do you count a "
+            "moment the device was busy exactly once?",
+    rule="Clip each event to the window, merge events that overlap or nest, and add up the merged intervals: the "
+         "idle fraction is the rest of the window.",
+    code="intervals = sorted((max(ts, start), min(ts + dur, end)) ...); merge overlapping ones; busy = sum of their "
+         "lengths; return 1 - busy / (end - start)",
+    by_failure={"idle": "count each busy moment once: clip to the window, sort, and merge overlapping or nested "
+                        "events"},
+)
+
+
 def check_idle_fraction(fn: IdleFraction) -> CheckResult:
     """Task 1: ``fn(events, start, end)`` returns the idle share of [start, end] in [0, 1]."""
 
@@ -70,7 +82,8 @@ def check_idle_fraction(fn: IdleFraction) -> CheckResult:
         for spans, start, end, want, why in IDLE_CASES:
             got = fn([_ev(a, b) for a, b in spans], start, end)
             ok = isinstance(got, (int, float)) and math.isclose(got, want, abs_tol=1e-9)
-            check.expect(ok, f"events {spans}, window [{start}, {end}]: got {got!r}, expected {want} ({why})")
+            check.expect(ok, f"events {spans}, window [{start}, {end}]: got {got!r}, expected {want} ({why})",
+                         because="idle")
         wrong = 0
         for spans, start, end in random_cases():
             want = idle_fraction([_ev(a, b) for a, b in spans], start, end)
@@ -79,12 +92,9 @@ def check_idle_fraction(fn: IdleFraction) -> CheckResult:
                 wrong += 1
                 if wrong == 1:
                     check.expect(False, f"random case: events {[(round(a, 2), round(b, 2)) for a, b in spans]}, "
-                                        f"window [{start:.2f}, {end:.2f}]: got {got!r}, expected {want:.6f}")
-        check.expect(wrong == 0, f"{wrong} of 200 random traces answered differently from the reference")
+                                        f"window [{start:.2f}, {end:.2f}]: got {got!r}, expected {want:.6f}",
+                                 because="idle")
+        check.expect(wrong == 0, f"{wrong} of 200 random traces answered differently from the reference",
+                     because="idle")
 
-    return run_checker(
-        "Task 1 (idle_fraction)",
-        "turn each event into (ts, ts + dur); clip it to the window; sort by start and merge overlapping or "
-        "nested intervals; busy = total length of the merged intervals; idle = 1 - busy / (end - start).",
-        body,
-    )
+    return run_checker("Task 1 (idle_fraction)", "", body, task_id="10.idle_fraction")

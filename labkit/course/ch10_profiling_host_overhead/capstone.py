@@ -18,9 +18,9 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from labkit.course import Check, CheckResult, run_checker
+from labkit.course import Check, CheckResult, Hints, run_checker
 from labkit.course.ch10_profiling_host_overhead.parts import PART_OPTIONS, EngineParts
-from labkit.course.harness.compare import expect_run
+from labkit.course.harness.compare import RUN_FAILURES, expect_run
 from labkit.course.harness.runs import Request, Run, Setup, prompt, run_setup
 from labkit.course.harness.runs import reference_run as labkit_run
 
@@ -44,6 +44,22 @@ HINTS = {
     "steps": ": a scheduler or block-manager part decides differently from labkit's (its notebook's check names the "
              "rule)",
 }
+
+
+CAPSTONE_HINTS = Hints(
+    concept="Every part you built is a class the engine accepts through an option with vLLM's name. Which engine "
+            "runs all of them at once, and how do the parts reach it?",
+    rule="Build the chunked engine with the model, pass each part under its option name, and pass on the other "
+         "options unchanged; return the engine you built. A part at fault is named: go back to its notebook, or "
+         "leave it out (labkit's is then used).",
+    code="return LLM(model, engine=\"chunked\", scheduler_cls=parts.scheduler_cls, block_manager_cls="
+         "parts.block_manager_cls, attention_backend=parts.attention_backend, **options)",
+    by_failure={
+        **RUN_FAILURES,
+        "return-value": "my_engine returns the LLM it built",
+        "parts-not-run": "the engine must be chunked and must run exactly the parts it was given",
+    },
+)
 
 
 def build_engine(parts: EngineParts, model: str, **options: Any) -> LLM:
@@ -101,7 +117,7 @@ def check_capstone(build: BuildEngine, parts: EngineParts | None = None, model: 
         setup = capstone_setup(model)
         llm = build(parts_, model, **setup.options())  # first: a stub raises at once, before any run
         if not hasattr(llm, "engine") or not hasattr(llm, "add_request"):
-            check.expect(False, f"my_engine returned {llm!r}: it must return the LLM it built")
+            check.expect(False, f"my_engine returned {llm!r}: it must return the LLM it built", because="return-value")
             return
         reference_run(model)  # labkit's run first (cached): the workload still preempts and hits the prefix cache
         try:
@@ -110,14 +126,8 @@ def check_capstone(build: BuildEngine, parts: EngineParts | None = None, model: 
         finally:
             llm.close()
         if problem or run is None:
-            check.expect(False, problem or "")
+            check.expect(False, problem or "", because="parts-not-run")
             return
         expect_run(check, run, model, "engine's parts", "labkit's chunked", hints=HINTS)
 
-    return run_checker(
-        "Task 2 (your engine)",
-        "return LLM(model, engine=\"chunked\", scheduler_cls=parts.scheduler_cls, block_manager_cls="
-        "parts.block_manager_cls, attention_backend=parts.attention_backend, **options); if a part is at fault, the "
-        "message names it: go back to its notebook, or leave it out (labkit's part is then used).",
-        body,
-    )
+    return run_checker("Task 2 (your engine)", "", body, task_id="10.capstone")

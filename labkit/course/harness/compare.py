@@ -24,8 +24,8 @@ T = TypeVar("T")
 
 class Problem(NamedTuple):
     """One thing wrong with a run: its kind ("stopped", "shared write", "limits", "leak", "sampling", "transformers",
-    "reference", "steps", "blocks", "num steps", "preemptions", "copies", "prefix cache") and the sentence that says
-    so. Notebooks 02-10."""
+    "reference", "steps", "blocks", "num steps", "preemptions", "copies", "prefix cache", "prefix stats") and the
+    sentence that says so. Notebooks 02-10."""
 
     kind: str
     text: str
@@ -164,16 +164,55 @@ def problems(run: Run, ref: Run, model: str, part: str, reference: str) -> list[
             found.append(Problem("prefix cache", f"{name} found {got_n} prompt tokens in the prefix cache; with "
                                  f"{reference} {want_n}"))
             break
+    if (run.num_queried_tokens, run.num_hit_tokens) != (ref.num_queried_tokens, ref.num_hit_tokens):
+        def rate(r: Run) -> str:
+            return f"{r.num_hit_tokens / r.num_queried_tokens:.2f}" if r.num_queried_tokens else "0.00"
+        found.append(Problem("prefix stats", f"the prefix cache's statistics counted {run.num_hit_tokens} hit of "
+                             f"{run.num_queried_tokens} queried prompt tokens (block_manager.hit_rate {rate(run)}); "
+                             f"with {reference} {ref.num_hit_tokens} of {ref.num_queried_tokens} ({rate(ref)}): every "
+                             "admitted prompt is counted once in the hit-rate statistics"))
     where = run.setup.describe()
     return [Problem(p.kind, f"{where}: {p.text}") for p in found]
 
 
+# The failure classes of a run's problems (``Problem.kind``), with a hint in words a task's ``Hints.by_failure`` can
+# take over or replace (``{**RUN_FAILURES, "leak": "..."}``): a check tags each problem with its class.
+RUN_FAILURES: dict[str, str] = {
+    "stopped": "the run stopped at the step named above: the first step that breaks an invariant is where to look",
+    "shared-write": "a block two requests share is written only after it is copied (copy-on-write)",
+    "limits": "a step may never run more sequences than max_num_seqs, nor more tokens than max_num_batched_tokens",
+    "leak": "every block a request holds goes back to the pool when it finishes or is preempted",
+    "sampling": "with temperature > 0 the next token is drawn (with the request's generator), not taken greedily",
+    "transformers": "the tokens must be exactly what the model computes: a wrong token means a wrong input to the "
+                    "model (its position, its cache, or the logits you read)",
+    "reference": "the tokens, finish reason and stop reason must be those of labkit's part on the same seed",
+    "steps": "each engine step must run the same requests with the same number of tokens as labkit's part: compare "
+             "the step named above with the rule",
+    "blocks": "the number of KV blocks in use after each step must match labkit's part: allocate what the new tokens "
+              "need, no more, and free what finished",
+    "num-steps": "the run took a different number of steps: something was scheduled later or earlier than the rule "
+                 "says",
+    "preemptions": "preempt only while the pool is short, one request at a time",
+    "copies": "copy a shared block only when it is written to, and only then",
+    "prefix-cache": "the prefix cache must find exactly the full blocks a request shares with earlier ones",
+    "prefix-stats": "the block manager's hit rate counts every admitted prompt once, cached part and all: the "
+                    "admission is where a prompt meets the prefix cache",
+}
+
+
+def failure_class(kind: str) -> str:
+    """The failure class of a problem kind ("num steps" -> "num-steps")."""
+    return kind.replace(" ", "-")
+
+
 def report(check: Check, found: Iterable[Problem], every: bool = False, hints: Mapping[str, str] | None = None) -> bool:
-    """Each problem as a failure (only the first unless ``every``), with the hint for its kind; True if none."""
+    """Each problem as a failure (only the first unless ``every``), tagged with its failure class when the task's
+    hints know it, with the extra text ``hints`` gives its kind; True if none."""
     hints = hints or {}
     ok = True
     for p in found:
-        check.expect(False, p.text + hints.get(p.kind, ""))
+        key = failure_class(p.kind)
+        check.expect(False, p.text + hints.get(p.kind, ""), because=key if check.knows(key) else "")
         ok = False
         if not every:
             break

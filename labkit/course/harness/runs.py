@@ -194,6 +194,7 @@ class Run:
     num_preemptions: int = 0
     num_copies: int = 0  # copy-on-write copies
     num_hit_tokens: int = 0  # prompt tokens found in the prefix cache
+    num_queried_tokens: int = 0  # prompt tokens counted as prefix-cache queries (the hit rate's denominator)
     blocks_in_use_after: int = 0  # KV blocks still held once every request finished (a leak if not 0)
     shared_write: str | None = None  # the first time a step was about to write K/V into a block others hold
     error: BaseException | None = None  # what a step raised (the learner's part, a Mistake, or the engine)
@@ -335,6 +336,7 @@ class Driver:
         # The engine may have run before (an LLM the learner built): count only this run's share of its totals.
         first_stats, preemptions = len(engine.step_stats), engine.num_preemptions
         copies, hits = (bm.num_copies, bm.num_hit_tokens) if bm is not None else (0, 0)
+        queried = bm.num_queried_tokens if bm is not None else 0
         for step in range(setup.max_steps + 1):
             self.add_arrivals(step)
             arriving = any(r.arrival_step > step for r in setup.requests)
@@ -353,6 +355,7 @@ class Driver:
         run.num_preemptions = engine.num_preemptions - preemptions
         if bm is not None:
             run.num_copies, run.num_hit_tokens = bm.num_copies - copies, bm.num_hit_tokens - hits
+            run.num_queried_tokens = bm.num_queried_tokens - queried
             run.blocks_in_use_after = bm.num_used_blocks
         return run
 

@@ -87,6 +87,7 @@ class ReserveCall:
     in_flight: list[str]
     free_blocks: int
     fit: bool  # the blocks were there before anyone was preempted
+    seq_running: bool = True  # seq was running when reserve was called (False: an earlier reserve preempted it)
     preempts: list[PreemptCall] = field(default_factory=list)
     left_running: list[str] = field(default_factory=list)  # requests no longer running after the call
     added: dict[str, int] = field(default_factory=dict)  # what the call added to the step's batch
@@ -203,7 +204,8 @@ def recording(cls: type[Scheduler], plans: list[StepPlan], labels: dict[int, str
             call = ReserveCall(seq=label_of(labels, seq), num_tokens=n, running=names(self.running),
                                scheduled=names(out.seqs), in_flight=names(s for s in self.running
                                                                           if id(s) in self.in_flight),
-                               free_blocks=bm.num_free_blocks, fit=bm.can_allocate(seq, n))
+                               free_blocks=bm.num_free_blocks, fit=bm.can_allocate(seq, n),
+                               seq_running=seq in self.running)
             plans[-1].reserves.append(call)
             running, first = list(self.running), len(out.seqs)
             self._reserving = (seq, n, out)

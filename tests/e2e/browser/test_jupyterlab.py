@@ -154,5 +154,6 @@ def test_a_wrong_task_runs_to_the_end_says_why_and_uses_the_reference(wrong_task
     assert shown, "no check cell shows the task's failure"
     message = shown[0]
     assert "Task 1 (write_kv)" in message and "check(s) failed" in message, message
-    assert "Hint:" in message, message  # the failure says what to look at
+    assert "Think about:" in message and "show_hint('03.write_kv', 2)" in message, message  # what to look at
+    assert "transpose(1, 2)" not in message, message  # the code-level hint only when asked
     assert "uses labkit's reference" in message and "write_kv" in message, message  # and what runs instead
