@@ -68,3 +68,35 @@ class AcceptsByP(OneStepChanged):
 
     def accepts(self, u: float, p: torch.Tensor, q: torch.Tensor, x: int) -> bool:
         return u < float(p[x])
+
+
+class IgnoresGenerator(OneStepChanged):
+    """Planted bug: every draw from torch's global RNG (``uniform(None, ...)``, ``draw_from(..., None)``), not the
+    request's generator: right in distribution, but a seeded request is not reproducible."""
+
+    def verify(self, target_probs, draft_token_ids, draft_probs, generator):  # type: ignore[no-untyped-def]
+        return super().verify(target_probs, draft_token_ids, draft_probs, None)
+
+
+class OwnGenerator(OneStepChanged):
+    """Planted bug: draws from a generator of its own (the same stream for every request, whatever its seed)."""
+
+    def verify(self, target_probs, draft_token_ids, draft_probs, generator):  # type: ignore[no-untyped-def]
+        return super().verify(target_probs, draft_token_ids, draft_probs, torch.Generator().manual_seed(0))
+
+
+class FirstAttempt(RejectionSampler):
+    """A learner's naive-but-plausible first attempt (issue 32's "learner's trial"): keep a proposal when a uniform
+    draw falls under the target's p(x) (q forgotten), and at a rejection draw from p. Greedy cases pass; the first
+    failure must name the missing ratio p(x) / q(x)."""
+
+    def verify(self, target_probs, draft_token_ids, draft_probs, generator):  # type: ignore[no-untyped-def]
+        emitted = []
+        for i, x in enumerate(draft_token_ids):
+            if uniform(generator, target_probs.device) < target_probs[i, x]:  # "keep it if the target likes it"
+                emitted.append(x)
+            else:
+                emitted.append(draw_from(target_probs[i], generator))
+                return emitted
+        emitted.append(draw_from(target_probs[-1], generator))
+        return emitted

@@ -1,13 +1,16 @@
-"""Notebook 11's Build tasks: the Triton decode kernel's inner loop (``attend_tile``) and its merge
-(``merge_splits``), checked under Triton's interpreter and then inside the real engine.
+"""Notebook 11's Build tasks: the split-KV decode kernel's inner loop (``attend_tile``) and its merge
+(``merge_splits``), written in Triton (checked under Triton's interpreter) or, where Triton has no wheel (macOS,
+Windows), in PyTorch (``labkit.course.ch11_torch_twin``: the same kernel's grid in Python loops), with the same
+probe cases and the same checker, then run inside the real engine.
 
 Each checker runs labkit's kernel with the learner's part in place of labkit's (the other part stays labkit's),
 on probe cases from the smallest up, each built to expose one mistake: one tile; several tiles of one split (the
 running sum and output must be rescaled when the max grows); a bfloat16 pool (the interpreter computes bfloat16
 arithmetic wrongly: work in float32); several splits, an empty one and scores hundreds apart (the merge). Outputs
 are compared with a float64 softmax over each sequence's context. Then engine ``continuous`` runs with the part
-(``LLM(..., attention_backend=...)``) and its greedy tokens must equal transformers'. Notebook 11
-(``11_attention_kernels``).
+(``LLM(..., attention_backend=...)``, float32 on every device: on a GPU ``tl.dot`` may round float32 to TF32) and its
+greedy tokens must equal transformers'. A failure names the probe case and, in words, the likely mistake; the
+staged hints (``TILE_HINTS``, ``MERGE_HINTS``) hold the rest. Notebook 11 (``11_attention_kernels``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from labkit.course import Check, CheckResult, run_checker
+from labkit.course.hints import Hints
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # bfloat16: the output is rounded once (steps of 2^-8)
 N_KV = 2
@@ -38,31 +42,80 @@ class Probe:
     context_lens: tuple[int, ...]
     dtype: torch.dtype
     num_splits: int
-    hint: str
+    hint: str  # the likely mistake, in words
+    because: str  # its failure class (a key of the task's Hints.by_failure)
     score_scale: float = 1.0
 
 
+TILE_HINTS = Hints(
+    concept=("A tile of positions arrives with a running max m, a running sum l of exp(score - m) and an "
+             "unnormalised output acc. Where does position pos's K live in the paged pool? And when this tile holds a "
+             "score above m, what happens to everything summed so far under the old m?"),
+    rule=("Each position's block is entry pos // block_size of the sequence's table, its slot block * block_size + "
+          "pos % block_size; load K and V there (nothing for positions that are not valid) in float32; score "
+          "q · K / sqrt(d), -inf where not valid; the new max is the larger of m and the tile's max; scale the old "
+          "sum and output by exp(m - new max), then add exp(score - new max) and its product with V."),
+    code=("Triton: block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0); slot = block.to(tl.int64) * "
+          "BLOCK_SIZE + pos % BLOCK_SIZE; k = tl.load(k_head + slot[:, None] * stride_slot + offs_d[None, :], "
+          "mask=valid[:, None] & d_valid[None, :], other=0.0).to(tl.float32) (v alike); scores = tl.where(valid[None, "
+          ":], tl.dot(q, tl.trans(k)) * scale, float('-inf')); m_new = tl.maximum(m_i, tl.max(scores, 1)); alpha = "
+          "tl.exp(m_i - m_new); p = tl.exp(scores - m_new[:, None]); return m_new, l_i * alpha + tl.sum(p, 1), acc * "
+          "alpha[:, None] + tl.dot(p, v). PyTorch twin: block = table[torch.where(valid, pos // block_size, 0)]; k = "
+          "k_pool[block, pos % block_size].float(); the rest with torch.where, .max(1).values, .sum(1) and @."),
+    by_failure={
+        "one-tile": "A position's K sits in block table[pos // block_size] at offset pos % block_size.",
+        "block-table": "Position pos is in the table's entry pos // block_size, not the one after it.",
+        "mask": "A position past the end must add nothing to the sum: its score must be -inf, not 0.",
+        "rescale": "Sums taken under an old max are too large by exp(new max - old max): shrink them first.",
+        "float32": "Convert what you load to float32 before any arithmetic.",
+        "ragged": "Each sequence attends to its own context length and its own table row only.",
+        "nan": "inf or nan: an exp of a large positive number, or a 0 / 0 somewhere.",
+        "raised": "Read the error: a shape, a dtype or an index out of range in your tile.",
+        "engine": "The probes passed but the engine's tokens differ: compare a case with your own small example.",
+    },
+)
+MERGE_HINTS = Hints(
+    concept=("Each split kept its own max m_s, sum l_s and unnormalised output o_s. They were computed under "
+             "different maxima: what common scale makes them addable, and which split sets it?"),
+    rule=("Take M, the largest m over the splits; weigh each split by exp(m_s - M) (at most 1, 0 for an empty "
+          "split); the output is the weighted sum of the o_s divided by the weighted sum of the l_s."),
+    code=("M = tl.max(m_parts, 0); w = tl.exp(m_parts - M[None, :]); return tl.sum(o_parts * w[:, :, None], 0) / "
+          "tl.sum(l_parts * w, 0)[:, None] (PyTorch twin: m_parts.max(0).values, torch.exp, .sum(0))."),
+    by_failure={
+        "weights": "Weigh the sums exactly like the outputs, each by exp(its max - the largest max).",
+        "empty-split": "An empty split has m = -inf and l = 0: exp(-inf - M) = 0 weighs it out; never divide by its "
+                       "own l.",
+        "overflow": "exp of a positive number in the hundreds is inf: subtract the largest max first.",
+        "nan": "inf or nan: an exp of a large positive number, or a 0 / 0 somewhere.",
+        "raised": "Read the error: a shape or a reduction over the wrong axis.",
+        "engine": "The probes passed but the engine's tokens differ: compare a case with your own small example.",
+    },
+)
 TILE_PROBES = (
     Probe("one tile: a 12-token context, blocks scattered through the pool", 4, 32, 8, (12,), torch.float32, 1,
-          "one tile: block = table[pos // BLOCK_SIZE], slot = block * BLOCK_SIZE + pos % BLOCK_SIZE; scores = "
-          "q · kᵀ · scale, -inf where not valid; p = exp(scores - m_new)"),
+          "with a single tile: check how a position finds its slot (which table entry, which offset in the "
+          "block), the scale of the scores, and that positions which are not valid count for nothing", "one-tile"),
     Probe("three tiles in one split: a 45-token context", 4, 32, 8, (45,), torch.float32, 1,
-          "one tile passes, three do not: when the max grows, what was summed under the old max must shrink by "
-          "alpha = exp(m_i - m_new): l = l_i * alpha + sum(p), acc = acc * alpha[:, None] + p @ v"),
+          "one tile passes, three do not: when the running max grows, everything summed under the old max (the "
+          "sum and the output alike) must shrink by the same factor before this tile is added", "rescale"),
     Probe("a bfloat16 pool, three tiles", 4, 32, 8, (45,), torch.bfloat16, 1,
-          "float32 passes, bfloat16 does not: convert K and V to float32 right after tl.load (.to(tl.float32)); "
-          "Triton's interpreter computes bfloat16 arithmetic wrongly, and on a GPU the sums need the range"),
+          "float32 passes, bfloat16 does not: do the arithmetic in float32 (convert K and V right after loading "
+          "them); Triton's interpreter computes bfloat16 arithmetic wrongly, and the sums need the range",
+          "float32"),
     Probe("a ragged batch [1, 8, 9, 30], GQA group 3 (padded to 16), 2 splits", 3, 64, 8, (1, 8, 9, 30),
-          torch.float32, 2, "compare with softmax(q · Kᵀ / sqrt(d)) · V over each sequence's own positions"),
+          torch.float32, 2, "the result must be softmax(q · Kᵀ / sqrt(d)) · V over each sequence's own positions, "
+          "query head h reading KV head h // group, whatever the batch, the group and the split", "ragged"),
 )
 MERGE_PROBES = (
     Probe("two splits of a 40-token context", 4, 32, 8, (40,), torch.float32, 2,
-          "weight each split by w = exp(m - M), M the largest m; output = sum(w * o) / sum(w * l)"),
+          "each split's output and sum were computed under its own max: bring them to a common max before "
+          "adding them up, and normalise by the merged sum", "weights"),
     Probe("an empty split: contexts [5, 70] split 4 ways", 4, 32, 8, (5, 70), torch.float32, 4,
-          "the 5-token sequence's splits 1-3 are empty (m = -inf, l = 0): their weight exp(-inf - M) is 0; "
-          "take M over all splits, never divide by a split's own l"),
+          "the 5-token sequence's splits 1-3 are empty (m = -inf, l = 0): they must weigh nothing, and nothing "
+          "may divide by a split's own sum", "empty-split"),
     Probe("scores hundreds apart across splits", 2, 32, 8, (40, 33), torch.float32, 3,
-          "exp of a score in the hundreds overflows: subtract the largest max M before exp", score_scale=30.0),
+          "exp of a score in the hundreds overflows: exponentiate only differences that are at most 0",
+          "overflow", score_scale=30.0),
 )
 
 
@@ -122,16 +175,24 @@ def softmax_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     return out
 
 
-def run_probe(probe: Probe, seed: int, **parts: Any) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], tuple]:
-    from labkit.core.attention.triton_decode import paged_decode_attention
-
+def run_probe(probe: Probe, seed: int, twin: bool = False, **parts: Any
+              ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], tuple]:
+    """Run one probe through labkit's Triton kernel, or (``twin``) its PyTorch twin, with ``parts`` in place."""
     q, k_pool, v_pool, tables = probe_case(probe, seed)
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     lens = torch.tensor(probe.context_lens, dtype=torch.int32)
     dev = device()
-    out = paged_decode_attention(q.to(dev), k_pool.to(dev), v_pool.to(dev), padded.to(dev), lens.to(dev),
-                                 max(probe.context_lens), num_splits=probe.num_splits, block_n=16, **parts)
+    if twin:
+        from labkit.course.ch11_torch_twin import paged_decode_twin
+
+        out = paged_decode_twin(q.to(dev), k_pool.to(dev), v_pool.to(dev), padded.to(dev), lens,
+                                num_splits=probe.num_splits, block_n=16, **parts)
+    else:
+        from labkit.core.attention.triton_decode import paged_decode_attention
+
+        out = paged_decode_attention(q.to(dev), k_pool.to(dev), v_pool.to(dev), padded.to(dev), lens.to(dev),
+                                     max(probe.context_lens), num_splits=probe.num_splits, block_n=16, **parts)
     return out.cpu(), softmax_reference(q, k_pool, v_pool, tables, probe.context_lens), tables, (q, k_pool, v_pool)
 
 
@@ -151,41 +212,44 @@ def unmasked_tail(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, t
     return out
 
 
-def diagnose_tile(probe: Probe, out: torch.Tensor, tables: list[list[int]], tensors: tuple) -> str:
-    """Name the mistake where a plain rewrite of the reference reproduces the output exactly."""
+def diagnose_tile(probe: Probe, out: torch.Tensor, tables: list[list[int]], tensors: tuple) -> tuple[str, str]:
+    """Name the mistake (and its failure class) where a plain rewrite of the reference reproduces the output."""
     q, k_pool, v_pool = tensors
     tol = TOL[probe.dtype]
     shifted = softmax_reference(q, k_pool, v_pool, [t[1:] + t[:1] for t in tables], probe.context_lens)
     if torch.allclose(out.double(), shifted, rtol=tol, atol=tol):
         return ("it matches reading block table[pos // BLOCK_SIZE + 1]: position pos sits in the table's entry "
-                "pos // BLOCK_SIZE (an off-by-one in the block-table lookup)")
+                "pos // BLOCK_SIZE (an off-by-one in the block-table lookup)", "block-table")
     if probe.num_splits == 1 and torch.allclose(out.double(), unmasked_tail(q, k_pool, v_pool, tables, probe),
                                                 rtol=tol, atol=tol):
-        return ("it matches positions past the context's end scoring 0 (their masked loads give K = 0): set their "
-                "scores to -inf (tl.where(valid[None, :], scores, float('-inf')))")
+        return ("it matches positions past the context's end scoring 0 (their masked loads give K = 0): a position "
+                "that is not valid must score -inf", "mask")
     if not torch.isfinite(out).all():
-        return "the output holds inf or nan"
-    return probe.hint
+        return "the output holds inf or nan", "nan"
+    return probe.hint, probe.because
 
 
-def probe_part(check: Check, probes: tuple[Probe, ...], part: str, fn: Any) -> None:
+def probe_part(check: Check, probes: tuple[Probe, ...], part: str, fn: Any, twin: bool = False) -> None:
     for index, probe in enumerate(probes):
         try:
             with warnings.catch_warnings():  # NumPy's overflow warnings from a wrong part: the failure says it
                 warnings.simplefilter("ignore", RuntimeWarning)
-                out, want, tables, tensors = run_probe(probe, seed=11 + index, **{part: fn})
+                out, want, tables, tensors = run_probe(probe, seed=11 + index, twin=twin, **{part: fn})
         except Exception as exc:  # the learner's code runs inside the interpreter: report, do not crash
             unwrap_not_implemented(exc)
-            check.expect(False, f"{probe.what}: the kernel raised {type(exc).__name__}: {str(exc)[:300]}")
+            check.expect(False, f"{probe.what}: the kernel raised {type(exc).__name__}: {str(exc)[:300]}",
+                         because="raised")
             return
         tol = TOL[probe.dtype]
         if torch.allclose(out.double(), want, rtol=tol, atol=tol):
             continue
-        why = diagnose_tile(probe, out, tables, tensors) if part == "tile_fn" else (
-            "the output holds inf or nan; " + probe.hint if not torch.isfinite(out).all() else probe.hint)
+        why, because = diagnose_tile(probe, out, tables, tensors) if part == "tile_fn" else (
+            ("the output holds inf or nan; " + probe.hint if not torch.isfinite(out).all() else probe.hint),
+            probe.because)
         error = float((out.double() - want).abs().nan_to_num(float("inf")).max())
         check.expect(False, f"{probe.what} (group {probe.group}, head_dim {probe.head_dim}, block_size "
-                     f"{probe.block_size}, {probe.dtype}): off by up to {error:.3g} (tolerance {tol}); {why}")
+                     f"{probe.block_size}, {probe.dtype}): off by up to {error:.3g} (tolerance {tol}); {why}",
+                     because=because)
         return
 
 
@@ -203,7 +267,8 @@ def engine_tokens(backend: type, model: str = "labkit-tiny", max_tokens: int = 6
     from labkit.course.harness.runs import prompt
 
     prompts = [list(prompt(model, 21, seed=5)), list(prompt(model, 6, seed=6))]
-    with LLM(model, engine="continuous", device=str(device()), block_size=8, num_gpu_blocks=16,
+    # float32 on every device: transformers' tokens are float32 ones, and bfloat16 near-ties flip.
+    with LLM(model, engine="continuous", device=str(device()), dtype="float32", block_size=8, num_gpu_blocks=16,
              attention_backend=backend) as llm:  # a small pool: the interpreter copies its arguments per launch
         outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
                             use_tqdm=False)
@@ -217,10 +282,12 @@ def compare_engine(check: Check, backend: type, model: str) -> None:
         got, prompts = engine_tokens(backend, model)
     except Exception as exc:
         unwrap_not_implemented(exc)
-        check.expect(False, f"engine 'continuous' with your part raised {type(exc).__name__}: {str(exc)[:300]}")
+        check.expect(False, f"engine 'continuous' with your part raised {type(exc).__name__}: {str(exc)[:300]}",
+                     because="raised")
         return
     diff = first_difference(got, transformers_greedy(model, prompts, 6))
-    check.expect(diff is None, f"engine 'continuous' with your part, against transformers' greedy tokens: {diff}")
+    check.expect(diff is None, f"engine 'continuous' with your part, against transformers' greedy tokens: {diff}",
+                 because="engine")
 
 
 def require_triton() -> None:
@@ -231,32 +298,48 @@ def require_triton() -> None:
                            f"{TRITON_MISSING}")
 
 
-def check_attend_tile(fn: Callable[..., Any], model: str = "labkit-tiny") -> CheckResult:
-    """Build task: the kernel's inner loop, on probe cases under the interpreter, then inside engine continuous."""
+def use_twin(twin: bool | None) -> bool:
+    """The PyTorch twin when asked, or (``None``) when triton does not import; Triton's kernel otherwise."""
+    if twin is not None:
+        return twin
+    from labkit.core.attention import TRITON_MISSING
+
+    return TRITON_MISSING is not None
+
+
+def part_backend(twin: bool, **parts: Any) -> type:
+    from labkit.course.ch11_torch_twin import twin_backend
+
+    return twin_backend(**parts) if twin else kernel_backend(**parts)
+
+
+def check_attend_tile(fn: Callable[..., Any], model: str = "labkit-tiny", twin: bool | None = None) -> CheckResult:
+    """Build task: the kernel's inner loop, on probe cases (Triton's interpreter, or the PyTorch twin with
+    ``twin``; by default the twin only where triton does not import), then inside engine continuous."""
 
     def body(check: Check) -> None:
-        require_triton()
+        twin_path = use_twin(twin)
+        if not twin_path:
+            require_triton()
         raise_if_stub(fn)
-        probe_part(check, TILE_PROBES, "tile_fn", fn)
+        probe_part(check, TILE_PROBES, "tile_fn", fn, twin_path)
         if not check.result.failures:
-            compare_engine(check, kernel_backend(tile_fn=fn), model)
+            compare_engine(check, part_backend(twin_path, tile_fn=fn), model)
 
-    return run_checker("Build: the kernel's inner loop (attend_tile)",
-                       "block = tl.load(table_row + pos // BLOCK_SIZE, mask=valid, other=0); load K, V at the slots "
-                       "and convert to float32; scores -inf where not valid; m_new = max(m_i, row max); rescale l_i "
-                       "and acc by exp(m_i - m_new) before adding this tile's p and p @ v.", body)
+    return run_checker("", "", body, task_id="11.attend_tile")
 
 
-def check_merge_splits(fn: Callable[..., Any], model: str = "labkit-tiny") -> CheckResult:
-    """Build task: stage 2's merge, on probe cases under the interpreter, then inside engine continuous."""
+def check_merge_splits(fn: Callable[..., Any], model: str = "labkit-tiny", twin: bool | None = None) -> CheckResult:
+    """Build task: stage 2's merge, on probe cases (Triton's interpreter or the PyTorch twin, as
+    ``check_attend_tile``), then inside engine continuous."""
 
     def body(check: Check) -> None:
-        require_triton()
+        twin_path = use_twin(twin)
+        if not twin_path:
+            require_triton()
         raise_if_stub(fn)
-        probe_part(check, MERGE_PROBES, "merge_fn", fn)
+        probe_part(check, MERGE_PROBES, "merge_fn", fn, twin_path)
         if not check.result.failures:
-            compare_engine(check, kernel_backend(merge_fn=fn), model)
+            compare_engine(check, part_backend(twin_path, merge_fn=fn), model)
 
-    return run_checker("Build: the merge of the splits (merge_splits)",
-                       "M = tl.max(m_parts, 0); w = tl.exp(m_parts - M[None, :]); return tl.sum(o_parts * "
-                       "w[:, :, None], 0) / tl.sum(l_parts * w, 0)[:, None].", body)
+    return run_checker("", "", body, task_id="11.merge_splits")

@@ -1,11 +1,18 @@
-"""Notebook 12's Build task: the decode side of a KV transfer (``KVReceiver.receive_kv``).
+"""Notebook 12's Build tasks: the decode side of a KV transfer (``KVReceiver.receive_kv``), and the decision the
+chapter teaches, the placement search (``choose_placement``: which unit of prefill and decode workers gives the most
+goodput per device under the SLOs).
 
 The checker runs the learner's receiver on the very parts the ``disaggregated`` engine's decode worker uses (a
 ``chunked`` engine's scheduler, block manager and paged pool, here in one process), fed by labkit's own
 ``PrefillWorker`` (in-process, no link): each prompt is prefilled there, its first token sampled, and the learner's
 ``receive_kv`` takes the KV in. Then the engine decodes, and the tokens must equal the colocated engine's, with
 every block back at the end. The notebook then runs the same class inside the two-process engine
-(``LLM(engine="disaggregated", kv_receiver_cls=...)``). Notebook 12.
+(``LLM(engine="disaggregated", kv_receiver_cls=...)``).
+
+The placement checker gives the learner's search goodput tables (DistServe's goodput of each unit), each built so
+that one mistake picks the wrong unit: a cluster where colocation wins, one where a smaller unit beats the full one
+per device, a tie, and units that do not exist (no decode worker, more devices than there are); the failure names
+the mistake. The notebook then runs the search on the simulator. Notebook 12.
 """
 
 from __future__ import annotations
@@ -23,7 +30,37 @@ from labkit.core.sampling_params import SamplingParams
 from labkit.core.sched.stop import append_token
 from labkit.core.sequence import Sequence, SequenceStatus
 from labkit.course import Check, CheckResult, run_checker
+from labkit.course.hints import Hints
 
+RECEIVE_HINTS = Hints(
+    concept=("The request arrives with its prompt's KV as a buffer of blocks. What does the decode worker need "
+             "before its next step can decode it: where do the K/V go, and how does the scheduler learn the prompt "
+             "is done?"),
+    rule=("Allocate the prompt's blocks with the worker's block manager (its own ids); write each layer's K and V "
+          "from the buffer into those blocks of the pool; mark the prompt as computed, the request RUNNING, and "
+          "add it to the scheduler's running list."),
+    code=("bm = scheduler.block_manager; bm.allocate(seq, seq.num_prompt_tokens); table = torch.tensor("
+          "seq.block_table); for each layer: pool.k[layer][table] = kv[:, layer, 0] and pool.v[layer][table] = "
+          "kv[:, layer, 1]; seq.num_computed_tokens = seq.num_prompt_tokens; seq.status = SequenceStatus.RUNNING; "
+          "scheduler.running.append(seq)."),
+    by_failure={},
+)
+PLACEMENT_HINTS = Hints(
+    concept=("Replicas of a unit add up: a unit that serves 8 req/s on 2 devices, copied twice, serves 16 on 4. So "
+             "what should the search compare between units of different sizes? And which units exist at all?"),
+    rule=("Consider every unit that fits: n colocated engines (P = 0) for n = 1..N, and P prefill with D decode "
+          "workers, P >= 1, D >= 1, P + D <= N; score each by its goodput divided by its devices; keep the best, "
+          "and on a tie the one with fewer devices."),
+    code=("best = None; for n in 1..N: candidates (0, n); for total in 2..N, for P in 1..total-1: (P, total - P); "
+          "key = (goodput(P, D) / (P + D), -(P + D)); return the (P, D) with the largest key."),
+    by_failure={
+        "colocated": "Colocation is a placement too: (0, n) means n colocated engines.",
+        "per-device": "Compare units by goodput per device: a smaller unit can be replicated.",
+        "invalid": "A unit needs at least one decode worker and at most the devices available.",
+        "tie": "On a tie per device, the smaller unit is cheaper to replicate.",
+        "returns": "Return a tuple (P, D) of two ints.",
+    },
+)
 BLOCK_SIZE = 8
 PROMPT_LENS = (5, 16, 23)  # under a block, exactly two blocks, a partial third
 MAX_TOKENS = 6
@@ -129,11 +166,80 @@ def check_receive_kv(cls: type[KVReceiver], model: str = "labkit-tiny") -> Check
             finally:
                 release(llm, [seq for (seq,) in groups])
 
-    return run_checker(
-        "Task 1 (receive_kv)",
-        "bm = scheduler.block_manager; bm.allocate(seq, seq.num_prompt_tokens); table = torch.tensor("
-        "seq.block_table); for each layer: pool.k[layer][table] = kv[:, layer, 0] and pool.v[layer][table] = "
-        "kv[:, layer, 1]; seq.num_computed_tokens = seq.num_prompt_tokens; seq.status = SequenceStatus.RUNNING; "
-        "scheduler.running.append(seq).",
-        body,
-    )
+    return run_checker("", "", body, task_id="12.receive_kv")
+
+
+def table(colocated: list[float], split: dict[tuple[int, int], float]) -> dict[tuple[int, int], float]:
+    """A goodput table: colocated[n - 1] is (0, n)'s goodput, ``split`` the (P, D) units'."""
+    return {**{(0, n + 1): g for n, g in enumerate(colocated)}, **split}
+
+
+# Scenarios for four devices, smallest idea first; each names the mistake that picks the wrong unit.
+PLACEMENT_SCENARIOS = (
+    ("long prompts, tight TPOT: the 2P:2D split is best", table(
+        [2.0, 4.0, 6.0, 8.0], {(1, 1): 5.0, (1, 2): 6.0, (2, 1): 4.0, (1, 3): 9.0, (2, 2): 12.0, (3, 1): 8.0}), ""),
+    ("short prompts: four colocated engines are best", table(
+        [3.0, 6.0, 9.0, 12.4], {(1, 1): 4.0, (1, 2): 6.5, (2, 1): 5.0, (1, 3): 9.0, (2, 2): 10.0, (3, 1): 7.0}),
+     "colocated"),
+    ("a 1P:1D unit beats the whole cluster per device", table(
+        [2.0, 4.0, 6.0, 8.0], {(1, 1): 8.0, (1, 2): 9.0, (2, 1): 7.0, (1, 3): 12.0, (2, 2): 14.0, (3, 1): 9.0}),
+     "per-device"),
+    ("colocation scales exactly linearly: every colocated unit ties at 3 req/s per device", table(
+        [3.0, 6.0, 9.0, 12.0], {(1, 1): 5.0, (1, 2): 7.5, (2, 1): 6.0, (1, 3): 10.0, (2, 2): 11.0, (3, 1): 8.0}),
+     "tie"),
+)
+
+
+def placement_problem(fn: object, what: str, goodputs: dict[tuple[int, int], float]) -> tuple[str, str] | None:
+    """Run the learner's search on one table; (the failure, its class) or None."""
+    asked: list[tuple[int, int]] = []
+
+    def goodput(num_prefill: int, num_decode: int) -> float:
+        asked.append((num_prefill, num_decode))
+        if num_decode < 1 or num_prefill < 0 or num_prefill + num_decode > 4:
+            raise ValueError(f"there is no unit ({num_prefill}, {num_decode}) on 4 devices: a unit needs a decode "
+                             "worker (D >= 1), P >= 0, and at most 4 devices")
+        return goodputs[(num_prefill, num_decode)]
+
+    try:
+        got = fn(4, goodput)  # type: ignore[operator]
+    except ValueError as exc:
+        if "there is no unit" in str(exc):
+            return f"{what}: you asked for the goodput of unit {asked[-1]}: {exc}", "invalid"
+        raise
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(x, int) for x in got)):
+        return f"{what}: choose_placement must return a tuple (P, D) of two ints, got {got!r}", "returns"
+    from labkit.measure.sim.placement import choose_placement
+
+    want = choose_placement(4, lambda num_prefill, num_decode: goodputs[(num_prefill, num_decode)])
+    if got == want:
+        return None
+    if got not in goodputs:
+        return f"{what}: you chose {got}, which is not a unit of at most 4 devices with a decode worker", "invalid"
+    per = {u: g / sum(u) for u, g in goodputs.items()}
+    said = (f"{what}: you chose {got}, {goodputs[got]:g} req/s on {sum(got)} devices ({per[got]:.2f} per device); "
+            f"{want} serves {goodputs[want]:g} req/s on {sum(want)} ({per[want]:.2f} per device)")
+    if want[0] == 0 and not any(u[0] == 0 for u in asked):
+        return said + ": you never looked at colocated units (P = 0)", "colocated"
+    if per[got] < per[want] and goodputs[got] >= goodputs[want]:
+        return said + (f": more req/s in total, fewer per device; {4 // sum(want)} replicas of {want} would serve "
+                       f"{goodputs[want] * (4 // sum(want)):g} req/s on the same devices"), "per-device"
+    if per[got] == per[want]:
+        return said + ": a tie per device; the smaller unit is cheaper to replicate", "tie"
+    return said, "per-device"
+
+
+def check_placement(fn: object) -> CheckResult:
+    """Task 2: ``fn(max_devices, goodput)`` returns the unit with the most goodput per device."""
+
+    def body(check: Check) -> None:
+        if not callable(fn):
+            check.expect(False, f"expected a function choose_placement(max_devices, goodput), got {fn!r}")
+            return
+        for what, goodputs, _mistake in PLACEMENT_SCENARIOS:
+            problem = placement_problem(fn, what, goodputs)
+            if problem is not None:
+                check.expect(False, problem[0], because=problem[1])
+                return
+
+    return run_checker("", "", body, task_id="12.placement")

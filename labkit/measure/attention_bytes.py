@@ -4,8 +4,9 @@ them from, and each implementation of paged decode attention as a callable to ti
 One layer's decode attention reads every cached K and V of every sequence once: batch x context x n_kv_heads x
 head_dim x 2 (K and V) x dtype bytes; the query and the output are a rounding error next to it. The paths:
 ``"torch split"`` (labkit's PyTorch split-KV: gathers each block, ~25 operations), ``"torch padded"`` (the CUDA-graph
-path: gathers every row padded to the widest table), ``"triton"`` (one kernel reading blocks in place; only where
-triton imports). Used by notebook 11 (``11_attention_kernels``) and ``scripts/gpu_check.py``.
+path: gathers every row padded to the widest table), ``"cpp"`` (labkit's compiled C++ kernel reading blocks in place:
+the in-place kernel of a CPU, float32 or float64, where it builds), ``"triton"`` (one kernel reading blocks in place;
+only where triton imports). Used by notebook 11 (``11_attention_kernels``) and ``scripts/gpu_check.py``.
 """
 
 from __future__ import annotations
@@ -89,11 +90,24 @@ def triton_kernel(batch: PagedBatch) -> Callable[[], torch.Tensor]:
                                           batch.context_lens, batch.max_context_len)
 
 
-def decode_paths() -> dict[str, DecodePath]:
-    """Every decode-attention path this machine can run, by name ("triton" only where triton imports)."""
+def cpp_kernel(batch: PagedBatch) -> Callable[[], torch.Tensor]:
+    """labkit's C++ kernel (attention backend ``"cpp"``, the default on a CPU in float32): blocks read in place."""
+    from labkit.core.attention.cpp_decode import paged_decode_attention
+
+    return lambda: paged_decode_attention(batch.q, batch.k_pool, batch.v_pool, batch.block_tables,
+                                          batch.context_lens)
+
+
+def decode_paths(device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> dict[str, DecodePath]:
+    """Every decode-attention path this machine can run, by name: "cpp" for a CPU ``device`` and a float32 or float64
+    ``dtype`` where its kernel builds (both must be given: the kernel runs nowhere else); "triton" where triton
+    imports."""
     from labkit.core.attention import TRITON_MISSING
+    from labkit.core.attention.cpp_decode import KERNEL_DTYPES, cpp_missing
 
     paths: dict[str, DecodePath] = {"torch split": torch_split, "torch padded": torch_padded}
+    if device is not None and torch.device(device).type == "cpu" and dtype in KERNEL_DTYPES and cpp_missing() is None:
+        paths["cpp"] = cpp_kernel
     if TRITON_MISSING is None:
         paths["triton"] = triton_kernel
     return paths

@@ -1,9 +1,12 @@
 """Prompt lookup (vLLM's ``method="ngram"``): guess that the text repeats itself.
 
 Find the most recent earlier place where the sequence's last n tokens (n from ``prompt_lookup_max`` down to
-``prompt_lookup_min``) occurred, and propose the tokens that followed them there. No model, no KV: a few array
-comparisons on the host. It pays on text that repeats names and phrases (stories, code edits, summaries that
-quote). Introduced in notebook 13 (``13_speculative_decoding``).
+``prompt_lookup_min``, the longest first) occurred, and propose the tokens that followed them there. No model, no
+KV: a few array comparisons on the host. It pays on text that repeats names and phrases (stories, code edits,
+summaries that quote). Implementations differ in which occurrence they take when the n-gram recurs: labkit the most
+recent one (the copy the text is following now), vLLM's ``NgramProposer`` the longest match at the earliest
+position, Hugging Face's prompt lookup decoding the first one. Introduced in notebook 13
+(``13_speculative_decoding``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from labkit.measure.sim.calibrate import calibrate, measured_records, poisson_re
 from labkit.measure.sim.cluster import ClusterSpec, SimRequest, SimResult, simulate
 from labkit.measure.sim.cost_model import RecordingScheduler, StepCostModel, StepShape
 from labkit.measure.sim.runner import SimInstance, SimulatedModelRunner
+from labkit.measure.sim.tensor_parallel import TensorParallelCost, TensorParallelSpec
 
 __all__ = ["ClusterSpec", "RecordingScheduler", "SimInstance", "SimRequest", "SimResult", "SimulatedModelRunner",
-           "StepCostModel", "StepShape", "calibrate", "measured_records", "poisson_requests", "simulate"]
+           "StepCostModel", "StepShape", "TensorParallelCost", "TensorParallelSpec", "calibrate", "measured_records",
+           "poisson_requests", "simulate"]

@@ -7,12 +7,15 @@ its KV travels for ``latency + bytes / bandwidth`` seconds, and the least loaded
 between two of its steps (its first token is stamped then, as labkit's engine samples it there) and admits it as
 soon as it has the blocks (``SimInstance.receive``). Every request's token times come out as
 ``RequestRecord``s, so the metrics are notebook 09's (TTFT, TPOT, ITL, goodput under SLOs); DistServe's figure
-of merit is goodput per device. Transfers do not queue behind each other on the link (a simplification).
+of merit, the highest rate per device at which an attainment target holds, is ``labkit.measure.sim.goodput``'s.
+Prefill workers run whole prompts (``ClusterSpec.prefill_max_num_batched_tokens``). Transfers do not queue behind
+each other on the link (a simplification).
 Introduced in notebook 12 (``12_disaggregated_prefill``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from labkit.core.sequence import Sequence
 from labkit.measure.loadgen.metrics import BenchMetrics, RequestRecord, calculate_metrics, count_good_requests
 from labkit.measure.sim.cost_model import StepCostModel
 from labkit.measure.sim.runner import SimInstance, sim_sequence
+from labkit.measure.sim.tensor_parallel import TensorParallelCost, TensorParallelSpec
 
 
 @dataclass(frozen=True)
@@ -45,17 +49,29 @@ class ClusterSpec:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    # A dedicated prefill worker runs each prompt whole (DistServe, vLLM's prefill instances): its token budget is
+    # the longest prompt of the workload (None), not the colocated engines' chunk budget, which would charge a long
+    # prompt one fixed step cost per chunk and bias the comparison against disaggregation.
+    prefill_max_num_batched_tokens: int | None = None
+    # Tensor parallelism per phase (notebook 15): each worker is that many devices; colocated engines use decode_tp.
+    prefill_tp: int = 1
+    decode_tp: int = 1
+    tp: TensorParallelSpec = field(default_factory=TensorParallelSpec)  # what the all-reduces cost
 
     @property
     def num_devices(self) -> int:
-        return self.num_prefill + self.num_decode
+        return self.num_prefill * self.prefill_tp + self.num_decode * self.decode_tp
 
     def transfer_time(self, prompt_len: int) -> float:
         blocks = -(-prompt_len // self.block_size)
         return self.link_latency + blocks * self.block_size * self.kv_bytes_per_token / self.link_bandwidth
 
     def label(self) -> str:
-        return f"{self.num_decode} colocated" if not self.num_prefill else f"{self.num_prefill}P:{self.num_decode}D"
+        if not self.num_prefill:
+            return f"{self.num_decode} colocated" + (f" (TP{self.decode_tp})" if self.decode_tp > 1 else "")
+        if self.prefill_tp == self.decode_tp == 1:
+            return f"{self.num_prefill}P:{self.num_decode}D"
+        return f"{self.num_prefill}P(TP{self.prefill_tp}):{self.num_decode}D(TP{self.decode_tp})"
 
 
 @dataclass
@@ -76,12 +92,22 @@ def make_instance(cost: StepCostModel, spec: ClusterSpec) -> SimInstance:
     return SimInstance(cost, spec.num_blocks, spec.block_size, spec.max_num_seqs, spec.max_num_batched_tokens)
 
 
+def at_degree(cost: StepCostModel, spec: ClusterSpec, tp: int) -> StepCostModel:
+    """The cost model of a worker of TP degree ``tp`` (notebook 15): compute / tp plus its all-reduces."""
+    return TensorParallelCost(cost, tp, spec.tp) if tp > 1 else cost  # type: ignore[return-value]
+
+
 def simulate(requests: list[SimRequest], cost: StepCostModel, spec: ClusterSpec,
              slos_ms: dict[str, float] | None = None, max_model_len: int = 1 << 20) -> SimResult:
     """Run ``requests`` through the cluster in virtual time; every request completes."""
     disagg = spec.num_prefill > 0
-    prefill = [make_instance(cost, spec) for _ in range(spec.num_prefill or spec.num_decode)]
-    decode = [make_instance(cost, spec) for _ in range(spec.num_decode)] if disagg else prefill
+    whole = spec.prefill_max_num_batched_tokens or max(spec.max_num_batched_tokens,
+                                                       max((r.prompt_len for r in requests), default=0))
+    prefill_cost, decode_cost = at_degree(cost, spec, spec.prefill_tp), at_degree(cost, spec, spec.decode_tp)
+    whole_prompts = dataclasses.replace(spec, max_num_batched_tokens=whole)  # a prefill worker's budget
+    prefill = ([make_instance(prefill_cost, whole_prompts) for _ in range(spec.num_prefill)] if disagg else
+               [make_instance(decode_cost, spec) for _ in range(spec.num_decode)])
+    decode = [make_instance(decode_cost, spec) for _ in range(spec.num_decode)] if disagg else prefill
     inbox: list[list[Sequence]] = [[] for _ in decode]  # received KV waiting for blocks, per decode worker
     seqs = [sim_sequence(i, r.prompt_len, r.output_len, r.arrival, max_model_len) for i, r in enumerate(requests)]
     events: list[tuple[float, int, str, int]] = []  # (time, tie-break, kind, index)
