@@ -43,7 +43,17 @@ RECEIVE_HINTS = Hints(
           "seq.block_table); for each layer: pool.k[layer][table] = kv[:, layer, 0] and pool.v[layer][table] = "
           "kv[:, layer, 1]; seq.num_computed_tokens = seq.num_prompt_tokens; seq.status = SequenceStatus.RUNNING; "
           "scheduler.running.append(seq)."),
-    by_failure={},
+    by_failure={
+        "blocks": ("The prompt's KV needs as many blocks as its tokens fill at the pool's block size, and they must be "
+                   "the request's own (in its block table), or they never go back."),
+        "layout": ("Row i of the buffer is the prompt's block i; for each layer, index 0 is K and index 1 is V. Where "
+                   "in the pool does block i of this request live now?"),
+        "computed": "Once the prompt's K/V are in the pool, how does the scheduler know not to prefill it again?",
+        "admit": "Which list does the scheduler decode from at its next step, and what status do its requests have?",
+        "tokens": ("The decoded tokens differ although the checks right after receive_kv passed: is the K/V written at "
+                   "the right positions inside each block?"),
+        "leak": "Every block a request takes must be in its block table, so that finishing the request frees it.",
+    },
 )
 PLACEMENT_HINTS = Hints(
     concept=("Replicas of a unit add up: a unit that serves 8 req/s on 2 devices, copied twice, serves 16 on 4. So "
@@ -81,20 +91,20 @@ def require_receiver(cls: object) -> type[KVReceiver]:
     return cls
 
 
-def received_problem(seq: Sequence, kv: torch.Tensor, llm: LLM, used_before: int) -> str | None:
-    """What is wrong right after ``receive_kv(scheduler, pool, seq, kv)``, or None."""
+def received_problem(seq: Sequence, kv: torch.Tensor, llm: LLM, used_before: int) -> tuple[str, str] | None:
+    """What is wrong right after ``receive_kv(scheduler, pool, seq, kv)`` and its failure class, or None."""
     engine = llm.engine
     bm, pool, n = engine.block_manager, engine.pool, seq.num_prompt_tokens
     name = f"request {seq.seq_id} ({n} prompt tokens)"
     if len(seq.block_table) != bm.blocks_needed(n):
         return (f"after your receive_kv, {name} holds {len(seq.block_table)} block(s); its prompt needs "
                 f"{bm.blocks_needed(n)} at block_size {bm.block_size}: allocate them with "
-                "scheduler.block_manager.allocate(seq, seq.num_prompt_tokens)")
+                "scheduler.block_manager.allocate(seq, seq.num_prompt_tokens)", "blocks")
     taken = bm.num_used_blocks - used_before
     if taken != len(seq.block_table):
         return (f"your receive_kv took {taken} block(s) from the pool for {name}, but its block table lists "
                 f"{len(seq.block_table)}: take blocks only through block_manager.allocate(seq, ...), so they are in "
-                "seq.block_table and go back when the request ends")
+                "seq.block_table and go back when the request ends", "leak")
     table = torch.tensor(seq.block_table, device=pool.device)
     for layer, (k, v) in enumerate(zip(pool.k, pool.v)):
         for which, got, sent in (("K", k[table], kv[:, layer, 0]), ("V", v[table], kv[:, layer, 1])):
@@ -104,13 +114,15 @@ def received_problem(seq: Sequence, kv: torch.Tensor, llm: LLM, used_before: int
                 bad = int((got != sent).flatten(1).any(1).nonzero()[0])
                 return (f"after your receive_kv, layer {layer}'s {which} of {name} differs from what was sent, first "
                         f"at token {bad} (block {bad // bm.block_size}): kv[i, layer, 0] is block i's K and "
-                        "kv[i, layer, 1] its V; write them into pool.k[layer] / pool.v[layer] at seq.block_table[i]")
+                        "kv[i, layer, 1] its V; write them into pool.k[layer] / pool.v[layer] at seq.block_table[i]",
+                        "layout")
     if seq.num_computed_tokens != n:
         return (f"after your receive_kv, {name} has num_computed_tokens {seq.num_computed_tokens}: its prompt's K/V "
-                f"are in the pool now, so set it to seq.num_prompt_tokens ({n}), or the scheduler prefills it again")
+                f"are in the pool now, so set it to seq.num_prompt_tokens ({n}), or the scheduler prefills it again",
+                "computed")
     if not any(s is seq for s in engine.scheduler.running) or seq.status is not SequenceStatus.RUNNING:
         return (f"after your receive_kv, {name} is not in the running batch: scheduler.running.append(seq) with "
-                "seq.status = SequenceStatus.RUNNING, so the next step decodes it")
+                "seq.status = SequenceStatus.RUNNING, so the next step decodes it", "admit")
     return None
 
 
@@ -124,7 +136,7 @@ def decode_and_compare(check: Check, receiver: KVReceiver, worker: PrefillWorker
         receiver.receive_kv(llm.engine.scheduler, llm.engine.pool, seq, kv)
         problem = received_problem(seq, kv, llm, used_before)
         if problem:
-            check.expect(False, problem)
+            check.expect(False, problem[0], because=problem[1])
             return
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
@@ -132,12 +144,12 @@ def decode_and_compare(check: Check, receiver: KVReceiver, worker: PrefillWorker
         got = seq.output_token_ids
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         check.expect(got == want, f"request {seq.seq_id} decoded {got} after your receive_kv; the colocated "
-                                  f"engine gives {want} (first difference at output token {first})")
+                                  f"engine gives {want} (first difference at output token {first})", because="tokens")
     bm = llm.engine.block_manager
     check.expect(bm.num_free_blocks == bm.num_blocks,
                  f"{bm.num_used_blocks} KV block(s) still in use after every request finished: take blocks only "
                  "through block_manager.allocate(seq, ...), so they are in seq.block_table and go back when the "
-                 "request ends")
+                 "request ends", because="leak")
 
 
 def release(llm: LLM, seqs: list[Sequence]) -> None:

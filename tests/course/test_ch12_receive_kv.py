@@ -10,7 +10,7 @@ from labkit.core.disagg import KVReceiver
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.core.sched.scheduler import Scheduler
 from labkit.core.sequence import Sequence, SequenceStatus
-from labkit.course.ch12_disaggregated_prefill import check_receive_kv
+from labkit.course.ch12_disaggregated_prefill import RECEIVE_HINTS, check_receive_kv
 from labkit.course.tasks import TASKS
 
 
@@ -51,19 +51,23 @@ def test_passes_correct_receivers(cls: type[KVReceiver]) -> None:
     assert result.passed, result.message()
 
 
-@pytest.mark.parametrize(("bug", "says"), [
-    ({"allocate": False}, "holds 0 block(s)"),
-    ({"swap_kv": True}, "layer 0's K of request"),
-    ({"drop_last_block": True}, "differs from what was sent, first at token 0 (block 0)"),
-    ({"computed": False}, "num_computed_tokens 0"),
-    ({"admit": False}, "is not in the running batch"),
+@pytest.mark.parametrize(("bug", "says", "because"), [
+    ({"allocate": False}, "holds 0 block(s)", "blocks"),
+    ({"swap_kv": True}, "layer 0's K of request", "layout"),
+    ({"drop_last_block": True}, "differs from what was sent, first at token 0 (block 0)", "layout"),
+    ({"computed": False}, "num_computed_tokens 0", "computed"),
+    ({"admit": False}, "is not in the running batch", "admit"),
     ({"extra_block": True}, "took 2 block(s) from the pool for request 3 (5 prompt tokens), but its block table "
-                            "lists 1"),
+                            "lists 1", "leak"),
 ])
-def test_fails_planted_bugs(bug: dict[str, bool], says: str) -> None:
+def test_fails_planted_bugs(bug: dict[str, bool], says: str, because: str) -> None:
     result = check_receive_kv(learner(**bug))
     assert not result.passed
     assert says in " ".join(result.failures), result.message()
+    # the failure class's hint, in words, and never the code-level hint unless asked
+    assert because in result.because, result.because
+    message = result.message()
+    assert RECEIVE_HINTS.by_failure[because] in message and RECEIVE_HINTS.code not in message
 
 
 def test_reports_a_stub_and_a_wrong_class() -> None:
