@@ -6,7 +6,7 @@ Loading never unpickles anything and never runs code from the checkpoint: only `
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,10 +38,15 @@ def skipped_init() -> Iterator[None]:
             setattr(nn.init, name, init)
 
 
-def _materialise(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+def _materialise(config: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 reshape: Callable[[CausalLM], None] | None = None) -> CausalLM:
+    """Empty tensors of the model's shapes on ``device``, ``reshape`` applied on the meta device first (tensor
+    parallelism cuts a rank's shapes there)."""
     # Build on the meta device so a 1B-parameter model is not initialised twice on the CPU.
     with torch.device("meta"), skipped_init():
         model = CausalLM(config)
+    if reshape is not None:
+        reshape(model)
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -14,8 +14,7 @@ from collections.abc import Callable
 import torch
 
 from labkit.core.model import CausalLM, ModelConfig
-from labkit.core.model.layers import RotaryEmbedding
-from labkit.core.model.loader import skipped_init
+from labkit.core.model.loader import _materialise
 from labkit.core.parallel.group import TPGroup
 from labkit.core.parallel.heads import head_rows, head_shard
 from labkit.core.parallel.shard import shard_model_
@@ -91,14 +90,6 @@ def load_rank_state(model: CausalLM, state: dict[str, torch.Tensor]) -> None:
 def build_rank_model(config: ModelConfig, state: dict[str, torch.Tensor], group: TPGroup, device: torch.device,
                      dtype: torch.dtype) -> CausalLM:
     """A rank's sharded model: modules built on the meta device and sharded (shapes only), then its share loaded."""
-    with torch.device("meta"), skipped_init():
-        model = CausalLM(config)
-    shard_model_(model, group)
-    model = model.to(dtype=dtype).to_empty(device=device)
-    if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
-        model.lm_head.weight = model.model.embed_tokens.weight
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding):
-            module._init_buffers()
+    model = _materialise(config, device, dtype, reshape=lambda m: shard_model_(m, group))
     load_rank_state(model, state)
     return model.eval()

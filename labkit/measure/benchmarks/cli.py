@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from labkit.core.device import resolve_device, resolve_dtype
-from labkit.measure.benchmarks.report import BUSY_SHARE, Hardware, hardware
+from labkit.measure.benchmarks.report import BUSY_SHARE, Hardware, finish_report, hardware
+from labkit.measure.load import OtherLoad
 
 # The checkout the scripts run from: reports go to its docs/benchmarks/ (as workloads come from its data/).
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -73,3 +76,16 @@ def start_bench(args: argparse.Namespace, script: str, default_out: Path) -> Ben
         out=args.out if args.out is not None else (None if args.smoke else default_out),
         command=command_line(script), device=device, dtype=dtype, hw=hw, t0=t0,
     )
+
+
+def run_cpu_bench(doc: str, script: str, default_out: Path, run: Callable[[Any, int], Any],
+                  report: Callable[..., str], full: Any, smoke: Any) -> int:
+    """The whole main() of a CPU benchmark whose parts are ``run(sizes, threads)`` and ``report(result, command,
+    hardware, wall_s, other_load)``: parse the common options, run at full or smoke sizes, write the report."""
+    args = bench_parser(doc.splitlines()[0], default_out, dtype=False).parse_args()
+    start = start_bench(args, script, default_out)
+    other_load = OtherLoad()
+    res = run(smoke if args.smoke else full, torch.get_num_threads())
+    load = other_load.fraction()
+    finish_report(report(res, start.command, start.hw, time.perf_counter() - start.t0, load), start.out, load)
+    return 0
