@@ -20,6 +20,7 @@ import httpx
 
 from labkit import LLM, SamplingParams
 from labkit.core.sequence import Sequence
+from labkit.measure.loadgen.runner import run_sync
 from labkit.serving import ServerThread
 
 MODEL = "labkit-tiny"
@@ -92,7 +93,7 @@ def test_planted_step_faults_fail_only_their_requests() -> None:
 
     with ServerThread(llm, served_model_name=MODEL) as server:
         llm.engine.fault_hook = fault  # the engine thread calls it before every forward pass
-        outcomes = asyncio.run(storm(server.base_url))
+        outcomes = run_sync(storm(server.base_url))
         llm.engine.fault_hook = None
         assert faults["left"] == 0
         failed = 0
@@ -105,7 +106,7 @@ def test_planted_step_faults_fail_only_their_requests() -> None:
                 failed += 1
         assert 0 < failed < NUM_STREAMS
         assert_idle_and_free(server)
-        again = asyncio.run(storm(server.base_url))
+        again = run_sync(storm(server.base_url))
         assert [o.text for o in again] == expected and all(o.error is None for o in again)
 
 
@@ -125,7 +126,7 @@ def test_the_prefill_worker_killed_three_times_under_32_streams() -> None:
     for finished in (0, 1, NUM_STREAMS // 2):
         llm = LLM(MODEL, engine="disaggregated", max_model_len=128, max_num_seqs=8)
         with ServerThread(llm, served_model_name=MODEL) as server:
-            outcomes = asyncio.run(storm(server.base_url, kill_when(llm, finished)))
+            outcomes = run_sync(storm(server.base_url, kill_when(llm, finished)))
             done = 0
             for outcome, text in zip(outcomes, expected):
                 assert outcome.done, "a stream was dropped without [DONE]"
