@@ -238,6 +238,35 @@ def engines_chunking(data: Data) -> str:
         f"`continuous` across budgets {budgets[0]}-{budgets[-1]}.")
 
 
+def quantization(data: Data) -> str:
+    """Guide section 14: decode speed and perplexity by weight format, and the goals' lines."""
+    fmt = table_with(data, "decode ms/token")
+    col = fmt["headers"].index
+    by = {r[0]: r for r in fmt["rows"]}
+    parts = [f"{name} {by[name][col('decode ms/token')].split(' ')[0]} ms/token ({by[name][col('tok/s vs float32')]}, "
+             f"perplexity {by[name][col('perplexity (vs float32)')].split(' ')[-1].strip('()')})"
+             for name in ("float32", "int8", "int4-g32") if name in by]
+    goals = table_with(data, "goal")
+    missed = [r[0] for r in goals["rows"] if r[-1] != "met"]
+    return fill(
+        f"**Numbers to expect** ({_source(data, 'quantization benchmark')}): batch-1 decode of `smollm2-135m` "
+        + "; ".join(parts) + ". " + (f"Goals not met in that run: {'; '.join(missed)}." if missed
+                                     else "Every goal of the report was met in that run."))
+
+
+def tensor_parallel(data: Data) -> str:
+    """Guide section 15: one small all-reduce, and the decode step split into compute and communication."""
+    sizes = table_with(data, "latency (µs)")
+    small = sizes["rows"][0]
+    steps = table_with(data, "communication share")
+    col = steps["headers"].index
+    lines = [f"{r[col('engine')]} at batch {r[col('batch')]}: {r[col('step (ms)')].split(' ')[0]} ms "
+             f"({r[col('communication share')]} in all-reduces)" for r in steps["rows"]]
+    return fill(
+        f"**Numbers to expect** ({_source(data, 'tensor-parallel benchmark')}): a {small[0]} all-reduce between two "
+        f"processes on loopback took {small[1]} µs; decode steps " + "; ".join(lines) + ".")
+
+
 # region name -> (the file it is in, its renderer, the report it reads)
 FIGURES: dict[str, tuple[Path, Callable[[Data], str], str]] = {
     "figures-kvcache": (GUIDE, kvcache, "kvcache"),
@@ -247,6 +276,8 @@ FIGURES: dict[str, tuple[Path, Callable[[Data], str], str]] = {
     "figures-host-overhead": (GUIDE, host_overhead, "host_overhead"),
     "figures-spec-decode": (GUIDE, spec_decode, "spec_decode"),
     "figures-server-overhead": (GUIDE, server_overhead, "server_overhead"),
+    "figures-quantization": (GUIDE, quantization, "quantization"),
+    "figures-tensor-parallel": (GUIDE, tensor_parallel, "tensor_parallel"),
 }
 
 
