@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 from conftest import hf_greedy
 from faulty_worker import CUT_TOKEN, FAIL_TOKEN, HOLD_TOKEN, FaultyPrefillWorker
+from worker_processes import workers_left_by_killed_parent
 
 from labkit import ENGINES, LLM, SamplingParams
 from labkit.core.engine.base import StepFailedError
@@ -32,15 +31,6 @@ def assert_no_leaks(llm: LLM) -> None:
     assert engine.block_manager.num_free_blocks == engine.num_blocks, "a decode-side block leaked"
     engine.block_manager.check_invariants([])
     assert engine.prefill_blocks_in_use == 0, "a prefill-side block leaked"
-
-
-def pid_alive(pid: int) -> bool:
-    """Running (a zombie waiting for its new parent to reap it counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -193,24 +183,6 @@ def test_killed_prefill_worker_fails_the_request_in_transit(bundled_path) -> Non
         assert llm.engine.block_manager.num_free_blocks == llm.engine.num_blocks
 
 
-ORPHAN = """
-import os, signal, sys
-from labkit import LLM
-if __name__ == "__main__":
-    llm = LLM(sys.argv[1], engine="disaggregated")
-    print(llm.engine.client.pid, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)  # no close, no atexit: the worker must notice on its own
-"""
-
-
 def test_prefill_worker_exits_when_its_parent_dies(bundled_path, tmp_path) -> None:
-    script = tmp_path / "orphan.py"
-    script.write_text(ORPHAN)
-    run = subprocess.run([sys.executable, str(script), str(bundled_path)], capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == -signal.SIGKILL, run.stderr
-    pid = int(run.stdout.split()[0])
-    deadline = time.monotonic() + 30
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not pid_alive(pid), f"prefill worker {pid} outlived its parent"
+    left = workers_left_by_killed_parent(tmp_path, bundled_path, 'engine="disaggregated"', "[llm.engine.client.pid]")
+    assert left == [], f"prefill worker {left} outlived its parent"

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from conftest import hf_greedy
+from worker_processes import wait_gone, workers_left_by_killed_parent
 
 from labkit import LLM, SamplingParams
 from labkit.core.engine.errors import EngineDeadError
@@ -20,22 +18,6 @@ from labkit.core.engine.output_processor import RequestFailedError
 from labkit.core.parallel import TensorParallelEngineCore
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-
-
-def pid_alive(pid: int) -> bool:
-    """Running (a zombie waiting for its new parent to reap it counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pids: list[int], timeout_s: float = 30) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [p for p in pids if pid_alive(p)]
 
 
 def test_bundled_model_float64_equals_transformers_and_n1(bundled_path) -> None:
@@ -88,21 +70,7 @@ def test_a_killed_rank_fails_every_request_and_leaves_no_process(bundled_path) -
             llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
 
 
-ORPHAN = """
-import os, signal, sys
-from labkit import LLM
-if __name__ == "__main__":
-    llm = LLM(sys.argv[1], engine="continuous", tensor_parallel_size=2)
-    print(*llm.engine.executor.pids, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)  # no close, no atexit: the rank must notice on its own
-"""
-
-
 def test_ranks_exit_when_their_parent_dies(bundled_path, tmp_path) -> None:
-    script = tmp_path / "orphan.py"
-    script.write_text(ORPHAN)
-    run = subprocess.run([sys.executable, str(script), str(bundled_path)], capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == -signal.SIGKILL, run.stderr
-    pids = [int(p) for p in run.stdout.split()]
-    assert pids and wait_gone(pids) == [], f"rank(s) {pids} outlived their parent"
+    left = workers_left_by_killed_parent(tmp_path, bundled_path, 'engine="continuous", tensor_parallel_size=2',
+                                         "llm.engine.executor.pids")
+    assert left == [], f"rank(s) {left} outlived their parent"
