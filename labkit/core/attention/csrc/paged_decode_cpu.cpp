@@ -131,6 +131,10 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, 
   TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(), "q and the pools must be "
               "contiguous");
   TORCH_CHECK(q.size(2) == k_pool.size(3), "q's head_dim ", q.size(2), " differs from the pool's ", k_pool.size(3));
+  // Checked before anything divides by them: an empty block or no KV head would be an integer division by zero
+  // (SIGFPE, which kills the Python process, not an exception) in the two checks below.
+  TORCH_CHECK(k_pool.size(1) >= 1 && k_pool.size(2) >= 1, "the pools need block_size >= 1 and n_kv_heads >= 1, got ",
+              k_pool.size(1), " and ", k_pool.size(2));
   TORCH_CHECK(q.size(1) % k_pool.size(2) == 0, "n_heads ", q.size(1), " is not a multiple of n_kv_heads ",
               k_pool.size(2));
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == q.size(0) && block_tables.stride(1) == 1,
