@@ -2,22 +2,31 @@
 
 ``F.linear`` multiplies by the (out, in) weight through the BLAS library PyTorch was built with (MKL on x86).
 Decode multiplies every weight by one row (a matrix-vector product, GEMV), and how fast that streams the weight
-depends on the kernel and the layout far more than on the arithmetic. On a CPU in float32 labkit therefore stores
-each weight as (in, out) in memory (the parameter still reads as (out, in): a transposed view), where MKL's GEMV
-streams it about 1.5x faster, and runs the layer on oneDNN (the library behind PyTorch's ``mkldnn`` ops) over a copy
-repacked once into its blocked layout: oneDNN streams a large weight faster than MKL (its threads split the matrix)
-and reaches about twice MKL's GEMM throughput on prefill. Calls with few rows keep ``F.linear`` for weights small
-enough to sit in the caches, where oneDNN's fixed cost per call (~15 µs against ~2 µs) outweighs its streaming.
+depends on the kernel and the layout far more than on the arithmetic. On a CPU in float32 labkit runs decode-shaped
+calls (up to ``GemvKernel.max_rows`` rows) on its own C++ GEMV kernel (``labkit.core.quant.gemv``, notebook 14):
+each thread streams a contiguous range of the (out, in) weight's rows once, and every output is summed by one thread
+in a fixed order, so results do not depend on the number of threads (or on the batch, up to ``max_rows``). Calls
+with more rows (prefill) run on oneDNN (the library behind PyTorch's ``mkldnn`` ops) over a copy repacked once into
+its blocked layout, about twice MKL's GEMM throughput here.
 
-oneDNN's threads wait for each other at the end of every call. When another process holds one of the cores, the
-waiting thread's partner only runs again at the next scheduler tick: a 0.2 ms call then takes several milliseconds.
-Calls with many rows amortise that; decode-shaped calls (few rows) do not, so ``StallWatch`` times them, and after a
-few stalls close together they run on ``F.linear`` over the (in, out) memory (which stays fast under load) for
-``STALL_HOLD_S`` seconds before oneDNN is tried again. Notebook 04 measures the layouts and kernels
-(``labkit.measure.decode_roof``) and shows the stalls.
+Without the C++ kernel (no compiler), or with the ``"onednn"`` choice, labkit does what it did before it had one:
+each weight lives as (in, out) in memory (the parameter still reads as (out, in): a transposed view), where MKL's
+GEMV streams it about 1.5x faster, and oneDNN runs large decode-shaped calls too; calls with few rows keep
+``F.linear`` for weights small enough to sit in the caches, where oneDNN's fixed cost per call (~15 µs against
+~2 µs) outweighs its streaming.
 
-The repacked copy is made on the first call and remade whenever the weight changes (loading a checkpoint,
-``model.to(...)``): parameters, names, values and ``state_dict`` stay nn.Linear's (the parameters are views).
+A thread team (oneDNN's or the GEMV kernel's) waits for all its threads at the end of every call. When another
+process holds one of the cores, the waiting thread's partner only runs again at the next scheduler tick: a 0.2 ms
+call then takes several milliseconds. Calls with many rows amortise that; decode-shaped calls (few rows) do not, so
+``StallWatch`` times them, and after a few stalls close together they run for ``STALL_HOLD_S`` seconds on one thread
+(the GEMV kernel) or on ``F.linear`` over the (in, out) memory (without it), which stay fast under load, before the
+thread team is tried again. Notebook 04 measures the layouts and kernels (``labkit.measure.decode_roof``) and shows
+the stalls.
+
+The GEMV kernel is built and registered by ``labkit.core.quant.gemv`` (``register_gemv_kernel``): that package
+imports this module, so this one cannot import it; importing ``labkit`` imports both. The repacked oneDNN copy is
+made on the first call and remade whenever the weight changes (loading a checkpoint, ``model.to(...)``):
+parameters, names, values and ``state_dict`` stay nn.Linear's (the parameters are views).
 """
 
 from __future__ import annotations
@@ -35,28 +44,29 @@ from torch.nn import functional as F
 ONEDNN_MIN_ROWS = 16  # rows of a call from which oneDNN always runs it (the stall cost is amortised)
 ONEDNN_MIN_WEIGHT = 1 << 18  # elements (1 MiB in float32): below, a call with fewer rows stays on F.linear (the
 # weight sits in the caches, where oneDNN's fixed cost per call outweighs its faster streaming)
-LINEAR_KERNELS = ("auto", "torch")  # "auto": the choices above (CPU, float32); "torch": F.linear, (out, in) storage
+LINEAR_KERNELS = ("auto", "onednn", "torch")  # "auto": the choices above (CPU, float32); "onednn": the same without
+# labkit's GEMV kernel ((in, out) storage, oneDNN or F.linear); "torch": F.linear, (out, in) storage
 STALL_MIN_S = 1e-3  # a decode-shaped oneDNN call this slow ...
 STALL_RATIO = 4.0  # ... and this many times its layer's fastest call waited for a descheduled thread
 STALLS_TO_TRIP = 5  # this many stalls within STALL_WINDOW_CALLS decode-shaped calls: another process holds a core
 STALL_WINDOW_CALLS = 100  # (the odd stall is the system's own housekeeping: here one every half second, ~2500 calls)
-STALL_HOLD_S = 5.0  # then decode-shaped calls stay on F.linear this long, and oneDNN is tried again
+STALL_HOLD_S = 5.0  # then decode-shaped calls stay on one thread (or F.linear) this long, then threads are tried again
 
 
 @dataclass
 class StallWatch:
-    """Whether oneDNN's threads keep waiting for a core that another process holds (process-wide, as the CPU is).
-    Notebook 04."""
+    """Whether a thread team (oneDNN's, the GEMV kernel's) keeps waiting for a core that another process holds
+    (process-wide, as the CPU is). Notebook 04."""
 
-    calls: int = 0  # decode-shaped oneDNN calls observed, since the process started
+    calls: int = 0  # decode-shaped calls on a thread team observed, since the process started
     stalls: int = 0  # of which stalled
-    trips: int = 0  # times decode-shaped calls moved to F.linear
+    trips: int = 0  # times decode-shaped calls moved to one thread (or F.linear)
     hold_s: float = STALL_HOLD_S
     recent_stalls: deque[int] = field(default_factory=lambda: deque(maxlen=STALLS_TO_TRIP))  # their call numbers
     tripped_at: float = float("-inf")  # time.monotonic()
 
     def observe(self, seconds: float, fastest: float) -> bool:
-        """Record one decode-shaped oneDNN call; True if it stalled."""
+        """Record one decode-shaped call on a thread team; True if it stalled."""
         self.calls += 1
         if seconds < STALL_MIN_S or seconds < STALL_RATIO * fastest:
             return False
@@ -69,11 +79,34 @@ class StallWatch:
         return True
 
     def recent(self) -> bool:
-        """Whether decode-shaped calls should avoid oneDNN now."""
+        """Whether decode-shaped calls should avoid thread teams now."""
         return time.monotonic() - self.tripped_at < self.hold_s
 
 
 STALL_WATCH = StallWatch()  # one per process: a busy core slows every thread team of this process alike
+
+
+@dataclass(frozen=True)
+class GemvKernel:
+    """labkit's C++ float32 GEMV kernel, as ``labkit.core.quant.gemv`` registers it. Notebook 14."""
+
+    run: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]  # (x (B, in), weight (out, in) contiguous,
+    # threads) -> (B, out); threads False: one thread (another process holds a core)
+    max_rows: int  # calls with more rows (prefill) run on oneDNN
+    available: Callable[[], bool]  # built (the first call may compile it); False: no compiler, fall back silently
+
+
+GEMV_KERNEL: list[GemvKernel] = []  # the registered kernel (at most one): register_gemv_kernel
+
+
+def register_gemv_kernel(kernel: GemvKernel) -> None:
+    """Let "auto" run decode-shaped float32 CPU calls on ``kernel`` (``labkit.core.quant.gemv`` calls this)."""
+    GEMV_KERNEL[:] = [kernel]
+
+
+def gemv_kernel() -> GemvKernel | None:
+    """The registered GEMV kernel if it is built, else None (the calls then run as the "onednn" choice does)."""
+    return GEMV_KERNEL[0] if GEMV_KERNEL and GEMV_KERNEL[0].available() else None
 
 
 @functools.cache
@@ -91,7 +124,8 @@ def onednn_linear_available() -> bool:
 
 
 def gemv_layout(weight: torch.Tensor) -> torch.Tensor:
-    """The same (out, in) values stored as (in, out): ``F.linear`` then runs MKL's faster matrix-vector kernel."""
+    """The same (out, in) values stored as (in, out): ``F.linear`` then runs MKL's faster matrix-vector kernel (the
+    layout of the "onednn" choice; labkit's own GEMV kernel reads the (out, in) memory nn.Linear has)."""
     return weight.t().contiguous().t()  # (out, in) view of (in, out) memory
 
 
@@ -103,14 +137,28 @@ class LinearKernel:
         self.packed: torch.Tensor | None = None  # oneDNN's blocked layout of the weight (opaque)
         self.packed_from: tuple[int, tuple[int, ...], torch.Size] | None = None  # (data_ptr, versions, shape) of it
         self.watch = watch
-        self.fastest = float("inf")  # seconds of this layer's fastest decode-shaped oneDNN call
+        self.fastest = float("inf")  # seconds of this layer's fastest decode-shaped call on a thread team
+
+    def _cpu_float32(self, weight: torch.Tensor) -> bool:
+        return self.choice != "torch" and weight.device.type == "cpu" and weight.dtype == torch.float32
 
     def wants_gemv_layout(self, weight: torch.Tensor) -> bool:
-        """Whether ``weight`` should live in (in, out) memory: "auto", on a CPU, in float32."""
-        return self.choice == "auto" and weight.device.type == "cpu" and weight.dtype == torch.float32
+        """Whether ``weight`` should live in (in, out) memory (MKL's faster GEMV layout): "onednn", or "auto" without
+        labkit's GEMV kernel, on a CPU, in float32. labkit's kernel reads nn.Linear's own (out, in) memory."""
+        return self._cpu_float32(weight) and (self.choice == "onednn" or gemv_kernel() is None)
+
+    def uses_gemv(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether this call runs on labkit's GEMV kernel: "auto", CPU, float32, few rows, no gradient wanted."""
+        if self.choice != "auto" or not self._cpu_float32(weight) or x.dtype != weight.dtype:
+            return False
+        kernel = gemv_kernel()
+        rows = x.numel() // max(1, x.shape[-1])
+        if kernel is None or not 1 <= rows <= kernel.max_rows or not weight.is_contiguous():
+            return False
+        return not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))  # the kernel has no backward
 
     def uses_onednn(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        if not self.wants_gemv_layout(weight) or x.dtype != weight.dtype:
+        if not self._cpu_float32(weight) or x.dtype != weight.dtype:
             return False
         if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
             return False  # oneDNN's packed op has no backward
@@ -122,6 +170,8 @@ class LinearKernel:
                  parts: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """``parts``: parameters whose memory ``weight`` shares (a merged layer's); writing into them (a checkpoint
         loading) bumps their version, not the weight's, so theirs count too."""
+        if self.uses_gemv(x, weight):
+            return self._gemv(x, weight, bias)
         if not self.uses_onednn(x, weight):
             return F.linear(x, weight, bias)
         made_from = (weight.data_ptr(), (weight._version, *(p._version for p in parts)), weight.shape)
@@ -131,8 +181,23 @@ class LinearKernel:
             self.packed_from = made_from
         if x.numel() >= ONEDNN_MIN_ROWS * x.shape[-1]:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")  # (..., out)
-        start = time.perf_counter()  # decode-shaped: watch for a stall (the CPU runs the call synchronously)
-        out = torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")  # (..., out)
+        return self._timed(lambda: torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], ""))
+
+    def _gemv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        kernel = GEMV_KERNEL[0]
+        x2 = x.reshape(-1, x.shape[-1])  # (B, in)
+        if self.watch.recent():  # another process holds a core: one thread, untimed (a slower call is no stall)
+            y = kernel.run(x2, weight, False)
+        else:
+            y = self._timed(lambda: kernel.run(x2, weight, True))  # (B, out)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
+
+    def _timed(self, call: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A decode-shaped call on a thread team, watched for a stall (the CPU runs it synchronously)."""
+        start = time.perf_counter()
+        out = call()
         seconds = time.perf_counter() - start
         if not self.watch.observe(seconds, self.fastest):
             self.fastest = min(self.fastest, seconds)
@@ -149,6 +214,9 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel.wants_gemv_layout(self.weight) and self.weight.stride(0) != 1:
             relayout(self.weight, gemv_layout)  # once (and again if the weight is replaced)
+        elif self.weight.stride(0) == 1 and not self.weight.is_contiguous() \
+                and not self.kernel.wants_gemv_layout(self.weight):
+            relayout(self.weight, torch.Tensor.contiguous)  # back to (out, in) memory (the choice changed)
         return self.kernel(x, self.weight, self.bias)
 
 
@@ -159,19 +227,21 @@ def relayout(weight: torch.Tensor, layout: Callable[[torch.Tensor], torch.Tensor
 
 
 def set_linear_kernel(model: nn.Module, choice: str) -> None:
-    """Run every linear layer of ``model`` on ``choice``: "auto" (the per-shape choice of this module) or "torch"
-    (``F.linear`` over weights stored as nn.Linear stores them, (out, in))."""
+    """Run every linear layer of ``model`` on ``choice``: "auto" (the per-shape choice of this module), "onednn" (the
+    same without labkit's GEMV kernel: (in, out) memory, oneDNN or F.linear) or "torch" (``F.linear`` over weights
+    stored as nn.Linear stores them, (out, in))."""
     if choice not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel {choice!r} is not one of {', '.join(LINEAR_KERNELS)}")
     for module in model.modules():
-        if isinstance(module, Linear) and choice == "torch" and module.weight.stride(0) == 1:
-            relayout(module.weight, torch.Tensor.contiguous)  # back to (out, in) memory
+        if isinstance(module, Linear) and module.weight.stride(0) == 1 and not module.weight.is_contiguous():
+            relayout(module.weight, torch.Tensor.contiguous)  # back to (out, in) memory; "onednn" redoes it if wanted
         for value in vars(module).values():
             if hasattr(value, "merged") and isinstance(getattr(value, "kernel", None), LinearKernel):
                 value.weight = value.bias = None  # a MergedLinear: merges again, in the new layout, on its next call
     for kernel in linear_kernels(model):
         kernel.choice = choice
-        kernel.packed = kernel.packed_from = None  # "torch" frees the copies; "auto" remakes them on first use
+        kernel.packed = kernel.packed_from = None  # "torch" frees the copies; the others remake them on first use
+        kernel.fastest = float("inf")  # another kernel: its own fastest call
 
 
 def linear_kernels(model: nn.Module) -> list[LinearKernel]:

@@ -4,7 +4,10 @@
 OpenMP, ``-march=native``; kept in the same cache), the first time a quantized layer runs on a CPU. Without a
 compiler the quantized layers dequantize and call ``F.linear`` instead (correct, slower), after one warning.
 ``stream_read_bandwidth`` measures the roof these kernels are held to: one large tensor summed by the same threads.
-Introduced in notebook 14 (``14_quantization``).
+The float32 kernel also runs every decode-shaped float32 linear layer on a CPU: this module registers it with
+``labkit.core.model.linear`` (``register_gemv_kernel``), which cannot import it (this package imports that one);
+there, without a compiler, the layers fall back silently to oneDNN / MKL. Introduced in notebook 14
+(``14_quantization``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from types import ModuleType
 import torch
 
 from labkit.core.attention.cpp_decode import CppExtension, compile_extension
-from labkit.core.model.linear import STALL_WATCH
+from labkit.core.model.linear import STALL_WATCH, GemvKernel, register_gemv_kernel
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_cpu.cpp"
 MAX_KERNEL_ROWS = 16  # calls with more rows (prefill) dequantize once and run a matrix-matrix product instead
@@ -59,10 +62,12 @@ def permute_for_int4(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(b, n // 32, 16, 2).transpose(2, 3).reshape(b, n).contiguous()  # (B, in)
 
 
-def gemv_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (B, in) float32, weight (out, in) float32 contiguous -> (B, out)."""
+def gemv_f32(x: torch.Tensor, weight: torch.Tensor, threads: bool = True) -> torch.Tensor:
+    """x (B, in) float32, weight (out, in) float32 contiguous -> (B, out); ``threads`` False: all rows on one thread
+    (what ``grain`` does while another process holds a core)."""
     module = _module()
-    return module.gemv_f32(x.contiguous(), weight, grain(weight.shape[0], weight.shape[1] * 4))
+    rows = weight.shape[0]
+    return module.gemv_f32(x.contiguous(), weight, grain(rows, weight.shape[1] * 4) if threads else max(1, rows))
 
 
 def gemv_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -103,3 +108,10 @@ def stream_read_bandwidth(num_bytes: int = 256 << 20, repeats: int = 5) -> float
             t.sum()
         best = min(best, time.perf_counter() - start)
     return t.numel() * 4 / best
+
+
+def _float32_kernel_built() -> bool:
+    return load_gemv(warn=False) is not None  # no warning: float32 layers fall back to oneDNN / MKL as before
+
+
+register_gemv_kernel(GemvKernel(run=gemv_f32, max_rows=MAX_KERNEL_ROWS, available=_float32_kernel_built))

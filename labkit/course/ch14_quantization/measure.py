@@ -40,8 +40,9 @@ def bytes_per_step(config: ModelConfig, weight_format: str, kv_format: str, cont
 def layer_contenders(batch: int, out_features: int = 2048, in_features: int = 2048, layers: int = 8,
                      seed: int = 0) -> dict[str, Callable[[], None]]:
     """One decode-shaped call per format over ``layers`` different (out, in) layers (more bytes than the caches
-    hold), ``batch`` rows each: labkit's float32 Linear (oneDNN or MKL), and the int8 and int4 layers (their GEMV
-    kernel up to 16 rows, dequantize + matmul beyond)."""
+    hold), ``batch`` rows each: labkit's float32 Linear (its C++ GEMV kernel up to 16 rows, oneDNN beyond; oneDNN or
+    MKL without a compiler), and the int8 and int4 layers (their GEMV kernel up to 16 rows, dequantize + matmul
+    beyond)."""
     gen = torch.Generator().manual_seed(seed)
     floats = []
     for _ in range(layers):
