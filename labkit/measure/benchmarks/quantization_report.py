@@ -5,7 +5,9 @@ perplexity per format (labkit float32, int8, int4), and CTranslate2 on the same 
 is timed at batch 1 in interleaved rounds (``labkit.measure.rounds``): a step's time from the request's token
 timestamps, so engine overhead counts, as a user sees it. The roof is the memory's: one 256 MB float32 tensor summed
 by the same threads (``labkit.core.quant.gemv.stream_read_bandwidth``); the share of it a format reaches is its weight
-bytes per step over the step's time, over the roof. Introduced with notebook 14 (``14_quantization``).
+bytes per step over the step's time, over the roof. Also: the float32 step split into the linear layers, attention,
+everything else and the engine (``labkit.measure.decode_roof.measure_decode_breakdown``, notebook 04's), and the
+perplexity with an 8-bit KV cache (``RoundTripKV``). Introduced with notebook 14 (``14_quantization``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from pathlib import Path
 
 import torch
 
+from labkit.core.attention import resolve_attention_backend
+from labkit.core.kv.quantized_pool import FP8_DTYPE, dequantize_int8_kv, quantize_int8_kv
 from labkit.core.llm import LLM
-from labkit.core.model.linear import Linear
+from labkit.core.model.attention import CausalAttention
+from labkit.core.model.linear import Linear, set_linear_kernel
 from labkit.core.model.source import bundled_model_path
 from labkit.core.quant import QuantizationConfig, gemv, weight_bytes
 from labkit.core.quant.gemv import stream_read_bandwidth
@@ -30,11 +35,15 @@ from labkit.core.quant.int8 import quantize_int8
 from labkit.core.sampling_params import SamplingParams
 from labkit.measure.benchmarks.report import BUSY_SHARE, Hardware, md_table, report_header
 from labkit.measure.corpus import generate_stories
+from labkit.measure.decode_roof import DecodeBreakdown, measure_decode_breakdown
 from labkit.measure.rounds import Rounds, interleave
 
 FORMATS: dict[str, str | QuantizationConfig | None] = {
     "float32": None, "int8": "int8", "int4-g32": QuantizationConfig("int4", 32),
     "int4-g64": QuantizationConfig("int4", 64)}
+READ_ROOF = "streaming read (the roof)"  # the kernel table's own roof row: the float32 weights summed
+ONEDNN_FLOAT32 = "float32, oneDNN / MKL"  # the float32 path before the GEMV kernel ran decode ("onednn")
+KV_FORMATS = ("int8", "fp8")  # kv_cache_dtype values whose perplexity is measured (weights float32)
 HELD_OUT_SEED = 777  # the bundled model was trained on stories of seeds 0, 1 and 1,000,000 + i: these are new ones
 
 
@@ -51,8 +60,28 @@ FULL = Sizes("smollm2-135m", 48, 256, 3, 40)
 SMOKE = Sizes("labkit-tiny", 8, 32, 2, 4)
 
 
-def perplexity(llm: LLM, text: str, window: int = 512) -> float:
-    """exp(mean next-token loss) of ``text`` under ``llm.model``, in non-overlapping windows."""
+class RoundTripKV(CausalAttention):
+    """Causal attention over K and V as an 8-bit pool gives them back (``QuantizedKVPool``'s formats: int8 with one
+    scale per token and head, fp8 e4m3 with the per-layer scale 1.0): what every key and value a decode step reads
+    has been through, so a perplexity under it is the perplexity with ``kv_cache_dtype`` set."""
+
+    def __init__(self, kv_cache_dtype: str) -> None:
+        self.kv_cache_dtype = kv_cache_dtype
+
+    def round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kv_cache_dtype == "int8":
+            q, scale = quantize_int8_kv(x)  # per vector of head_dim (the last dimension)
+            return dequantize_int8_kv(q, scale, x.dtype)
+        return x.float().to(FP8_DTYPE).float().to(x.dtype)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return super().attend(layer_idx, q, self.round_trip(k), self.round_trip(v))
+
+
+def perplexity(llm: LLM, text: str, window: int = 512, kv_cache_dtype: str = "auto") -> float:
+    """exp(mean next-token loss) of ``text`` under ``llm.model``, in non-overlapping windows; with an 8-bit
+    ``kv_cache_dtype``, every K and V rounded as the quantized pool stores them (``RoundTripKV``)."""
+    backend = RoundTripKV(kv_cache_dtype) if kv_cache_dtype != "auto" else None
     ids = llm.encode(text)
     total, count = 0.0, 0
     with torch.inference_mode():
@@ -61,7 +90,7 @@ def perplexity(llm: LLM, text: str, window: int = 512) -> float:
             if chunk.shape[1] < 2:
                 break
             positions = torch.arange(chunk.shape[1] - 1)[None]
-            logits = llm.model.compute_logits(llm.model(chunk[:, :-1], positions))  # (1, T, vocab)
+            logits = llm.model.compute_logits(llm.model(chunk[:, :-1], positions, backend))  # (1, T, vocab)
             loss = torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum")
             total, count = total + float(loss), count + chunk.shape[1] - 1
     return math.exp(total / count)
@@ -122,24 +151,31 @@ def ct2_contenders(llm: LLM, prompt: list[int], n: int, threads: int, workdir: P
 def kernel_contenders(layers: int, out_features: int = 4096, in_features: int = 2048
                       ) -> tuple[dict[str, Callable[[], None]], dict[str, int]]:
     """Batch-1 products over ``layers`` weights of one shape (float32: layers x 32 MiB, past the caches), one call
-    each: PyTorch's ``F.linear``, labkit's float32 ``Linear`` (oneDNN), and labkit's GEMV kernels in float32, int8 and
-    int4; with the bytes each reads."""
+    each: PyTorch's ``F.linear``, labkit's float32 ``Linear`` on its "onednn" choice (oneDNN) and on "auto" (the GEMV
+    kernel, through the layer), and labkit's GEMV kernels called directly in float32, int8 and int4; with the bytes
+    each reads. Plus ``READ_ROOF``: the same float32 bytes summed (the read roof, in the same rounds)."""
     gen = torch.Generator().manual_seed(0)
     ws = [torch.randn(out_features, in_features, generator=gen) * 0.02 for _ in range(layers)]
     x = torch.randn(1, in_features, generator=gen)
-    lins = []
+    lins, auto_lins = [], []
     for w in ws:
-        lin = Linear(in_features, out_features, bias=False)
-        lin.weight.data = w.clone()
+        lin, auto = Linear(in_features, out_features, bias=False), Linear(in_features, out_features, bias=False)
+        lin.weight.data, auto.weight.data = w.clone(), w.clone()
+        lin.kernel.choice = "onednn"
         lins.append(lin)
+        auto_lins.append(auto)
     q8 = [quantize_int8(w) for w in ws]
     q4 = [quantize_int4(w, 32) for w in ws]
     calls: dict[str, Callable[[int], object]] = {
         "F.linear (float32)": lambda i: torch.nn.functional.linear(x, ws[i]),
         "labkit Linear, oneDNN (float32)": lambda i: lins[i](x),
+        "labkit Linear, auto (float32)": lambda i: auto_lins[i](x),
         "labkit GEMV float32": lambda i: gemv.gemv_f32(x, ws[i]),
         "labkit GEMV int8": lambda i: gemv.gemv_int8(x, *q8[i]),
         "labkit GEMV int4 (group 32)": lambda i: gemv.gemv_int4(x, *q4[i], 32)}
+    module = gemv.load_gemv(warn=False)
+    if module is not None:  # the roof as the kernels are timed, not only once before the run
+        calls[READ_ROOF] = lambda i: module.stream_sum(ws[i], gemv.grain(out_features, in_features * 4))
     f32 = out_features * in_features * 4
     nbytes = {name: f32 for name in calls}
     nbytes["labkit GEMV int8"] = out_features * in_features + out_features * 4
@@ -164,6 +200,24 @@ class Results:
     ct2_note: str
     kernels: Rounds | None = None
     kernel_bytes: dict[str, int] | None = None
+    split: dict[str, list[DecodeBreakdown]] | None = None  # float32 contender -> one step split per round
+    kv_ppl: dict[str, float] | None = None  # kv_cache_dtype -> perplexity (float32 weights)
+
+
+def step_splits(llms: dict[str, LLM], prompt: list[int], steps: int, num_rounds: int
+                ) -> dict[str, list[DecodeBreakdown]]:
+    """Each float32 contender's decode step split (linear layers, attention, everything else, engine), interleaved."""
+    splits: dict[str, list[DecodeBreakdown]] = {name: [] for name in llms}
+
+    def split(name: str) -> Callable[[], None]:
+        llm = llms[name]
+        backend = resolve_attention_backend(llm.engine.config.attention_backend, "cpu", llm.dtype)
+
+        def run() -> None:
+            splits[name].append(measure_decode_breakdown(llm, prompt, steps, backend))
+        return run
+    interleave({name: split(name) for name in llms}, num_rounds, warmup=0, progress=False, check_load=False)
+    return splits
 
 
 def run(sizes: Sizes, threads: int, progress: bool = True) -> Results:
@@ -171,6 +225,8 @@ def run(sizes: Sizes, threads: int, progress: bool = True) -> Results:
     roof = stream_read_bandwidth()
     prompt_text = " ".join(generate_stories(8, seed=5))
     llms = {name: LLM(sizes.model, quantization=q, max_num_seqs=1) for name, q in FORMATS.items()}
+    llms[ONEDNN_FLOAT32] = LLM(sizes.model, max_num_seqs=1)  # the same random weights (same seed)
+    set_linear_kernel(llms[ONEDNN_FLOAT32].model, "onednn")
     prompt = llms["float32"].encode(prompt_text)[: sizes.prompt_len]
     contenders = {name: decode_contender(llm, prompt, sizes.decode_tokens) for name, llm in llms.items()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -180,6 +236,8 @@ def run(sizes: Sizes, threads: int, progress: bool = True) -> Results:
             ct2, note = {}, f"CTranslate2 not run: {type(error).__name__}: {str(error)[:200]}"
         rounds = interleave({**contenders, **ct2}, sizes.rounds, progress=progress)
     bytes_ = {name: weight_bytes(llm.model) for name, llm in llms.items()}
+    split = step_splits({name: llms[name] for name in ("float32", ONEDNN_FLOAT32)}, prompt, sizes.decode_tokens,
+                        sizes.rounds)
     for llm in llms.values():
         llm.close()
     text = "\n\n".join(generate_stories(sizes.ppl_stories, seed=HELD_OUT_SEED))
@@ -187,9 +245,13 @@ def run(sizes: Sizes, threads: int, progress: bool = True) -> Results:
     for name, q in FORMATS.items():
         with LLM(str(bundled_model_path()), quantization=q) as llm:
             ppl[name] = perplexity(llm, text)
+    with LLM(str(bundled_model_path())) as llm:
+        kv_ppl = {kv: perplexity(llm, text, kv_cache_dtype=kv) for kv in KV_FORMATS}
     kernels, kernel_bytes = kernel_contenders(8 if sizes is FULL else 2)
     kernel_rounds = interleave(kernels, sizes.rounds + 2, progress=progress)
-    return Results(sizes, roof, rounds, bytes_, ppl, note, kernel_rounds, kernel_bytes)
+    if READ_ROOF in kernels:  # a roof is the most the memory gave: a VM's bandwidth drifts with its host's load
+        roof = max(roof, kernel_bytes[READ_ROOF] / kernel_rounds.median(READ_ROOF))
+    return Results(sizes, roof, rounds, bytes_, ppl, note, kernel_rounds, kernel_bytes, split, kv_ppl)
 
 
 def report(res: Results, command: str, hw: Hardware, wall_s: float, other_load: float | None) -> str:
@@ -207,7 +269,8 @@ def report(res: Results, command: str, hw: Hardware, wall_s: float, other_load: 
                      f"{r.median(name, 'prefill_tok_s'):.0f}", ppl])
     lines = report_header("Benchmark: weight-only quantization on the CPU", command, hw, wall_s, other_load,
                           extra_rows=[
-        ["streaming-read roof", f"{roof / 1e9:.1f} GB/s (one 256 MB float32 tensor summed, same threads)"]])
+        ["streaming-read roof", f"{roof / 1e9:.1f} GB/s (float32 tensors of 256 MB summed, same threads: the "
+                                "faster of the run's start and the kernel table's rounds)"]])
     lines += [
         f"Decode at batch 1 on `{res.sizes.model}` "
         f"({'random weights' if res.sizes.model != 'labkit-tiny' else 'bundled'}), a {res.sizes.prompt_len}-token "
@@ -221,18 +284,31 @@ def report(res: Results, command: str, hw: Hardware, wall_s: float, other_load: 
     ]
     if res.ct2_note:
         lines += [res.ct2_note, ""]
+    if res.split:
+        lines += split_section(res), ""
+    if res.kv_ppl:
+        base = res.ppl["float32"]
+        kv_rows = [["auto (float32)", f"{base:.3f} (+0.00%)"]] + [
+            [kv, f"{v:.3f} ({(v / base - 1) * 100:+.2f}%)"] for kv, v in res.kv_ppl.items()]
+        lines += ["## KV cache formats: perplexity", "",
+                  "The bundled model (float32 weights) on the same held-out stories, every key and value rounded as "
+                  "the 8-bit pool stores it (int8: one float32 scale per token and head; fp8: e4m3 with the per-layer "
+                  "scale 1.0, vLLM's default without calibration) before attention reads it.", "",
+                  md_table(["kv_cache_dtype", "perplexity (vs auto)"], kv_rows), ""]
     if res.kernels is not None and res.kernel_bytes is not None:
         k = res.kernels
         krows = []
+        kroof = res.kernel_bytes[READ_ROOF] / k.median(READ_ROOF) if READ_ROOF in k.contenders else roof
         for name in k.contenders:
             sec = k.median(name)
             krows.append([name, f"{res.kernel_bytes[name] / 2**20:.0f}", f"{sec * 1e3:.2f}",
-                          f"{res.kernel_bytes[name] / sec / 1e9:.1f}", f"{res.kernel_bytes[name] / sec / roof:.2f}",
+                          f"{res.kernel_bytes[name] / sec / 1e9:.1f}", f"{res.kernel_bytes[name] / sec / kroof:.2f}",
                           f"{statistics.median(k.ratios('F.linear (float32)', name)):.2f}x"])
         lines += ["## The GEMV kernels alone (batch 1, weights past the caches)", "",
                   f"Eight (or, smoke, two) 4096 x 2048 layers, one call each, {k.num_rounds} interleaved rounds "
-                  "(median). GB/s: the weight bytes read over the time; the roof is the streaming read above; "
-                  "speed-up: F.linear's time over the kernel's, round by round.", "",
+                  "(median). GB/s: the weight bytes read over the time; share of read roof: over the streaming "
+                  "read of the same float32 weights in the same rounds (its row); speed-up: F.linear's time over "
+                  "the kernel's, round by round.", "",
                   md_table(["kernel", "weight MiB", "ms", "GB/s", "share of read roof", "speed-up vs F.linear"],
                            krows), ""]
     goals = [("int8 tok/s >= 2.5x labkit float32", "int8", "float32", 2.5),
@@ -252,6 +328,9 @@ def report(res: Results, command: str, hw: Hardware, wall_s: float, other_load: 
         delta = (res.ppl[name] / res.ppl["float32"] - 1) * 100
         goal_rows.append([f"{name} perplexity increase <= {limit:g}%", f"{delta:+.2f}%",
                           "met" if delta <= limit else "not met"])
+    for kv, value in (res.kv_ppl or {}).items():
+        delta = (value / res.ppl["float32"] - 1) * 100
+        goal_rows.append([f"KV {kv} perplexity increase <= 1%", f"{delta:+.2f}%", "met" if delta <= 1.0 else "not met"])
     lines += ["## Goals (issue 35)", "", md_table(["goal", "measured", ""], goal_rows), ""]
     if other_load is not None and other_load > BUSY_SHARE:
         lines += [f"**Other processes kept {other_load:.0%} of the CPUs busy during this run: the timed rows above "
@@ -261,6 +340,40 @@ def report(res: Results, command: str, hw: Hardware, wall_s: float, other_load: 
     return "\n".join(lines)
 
 
+def split_section(res: Results) -> str:
+    """The float32 decode step split into its parts, per contender (medians over the rounds)."""
+    assert res.split is not None
+    rows = []
+    for name, runs in res.split.items():
+        parts = {part: statistics.median(b.shares()[part] for b in runs) * 1e3 for part in runs[0].shares()}
+        step_ms = statistics.median(b.step_s for b in runs) * 1e3
+        linear_s = parts["linear layers"] / 1e3
+        rate = res.weight_bytes[name] / linear_s
+        rows.append([name, f"{step_ms:.2f}", *(f"{v:.2f}" for v in parts.values()), f"{rate / 1e9:.1f}",
+                     f"{rate / res.roof_bytes_s:.2f}"])
+    heads = ["float32 path", "step ms (untimed)", "linear layers ms", "attention ms", "everything else ms",
+             "engine ms", "linear layers GB/s", "their share of read roof"]
+    n = len(next(iter(res.split.values())))
+    runs = res.split["float32"]
+    rest_ms = statistics.median(sum(v for k, v in b.shares().items() if k != "linear layers") for b in runs) * 1e3
+    step_ms = statistics.median(b.step_s for b in runs) * 1e3
+    bounds = ", ".join(f"{name} at most {step_ms / (rest_ms + res.weight_bytes[name] / res.roof_bytes_s * 1e3):.2f}x"
+                       for name in ("int8", "int4-g32") if name in res.weight_bytes)
+    return "\n".join([
+        "## Where a float32 decode step goes", "",
+        f"The same model at batch 1 after the same prompt, {res.sizes.decode_tokens} decode steps, {n} interleaved "
+        "rounds (median): once untimed inside (the step), once with a timer around every linear-layer call and every "
+        "attention call (`labkit.measure.decode_roof.measure_decode_breakdown`, notebook 04's split; the timers add "
+        "a few µs per call). \"float32\" is labkit's default (decode-shaped calls on its C++ GEMV kernel); "
+        f"\"{ONEDNN_FLOAT32}\" is the path before it (`set_linear_kernel(model, \"onednn\")`). The linear layers' "
+        "GB/s: their weight bytes per step over their time inside the step.", "",
+        md_table(heads, rows), "",
+        f"Everything but the linear layers takes {rest_ms:.2f} ms of the float32 step ({step_ms:.2f} ms). If a "
+        "quantized format left that part unchanged and streamed its weights at the full read roof, its tok/s "
+        f"over float32's would be {bounds}: the part of the step that is not weights, not the GEMV kernels, "
+        "bounds the speed-up goals at this model size."])
+
+
 NOTES = """\
 * Formats: int8 is symmetric per output channel (one float32 scale per row); int4 is symmetric per group of 32 (or 64)
   inputs, two values per byte (element 2j in the low nibble), one float32 scale per group. Every linear layer is
@@ -268,15 +381,24 @@ NOTES = """\
 * Decode-shaped calls (up to 16 rows) run labkit's C++ GEMV kernels (`labkit/core/quant/csrc/gemv_cpu.cpp`, -O3
   -march=native: AVX-512 here), which read the int8/int4 bytes once and widen them in registers; prefill dequantizes
   each layer for the call and runs one matrix product, which is why quantized prefill is slower than float32 here.
-* labkit's float32 decode in the table above runs its usual path (oneDNN / MKL, `labkit.core.model.linear`); the
-  float32 GEMV kernel is compared with it only in the kernel table, not wired into the engine.
+* labkit's float32 decode runs decode-shaped calls (up to 16 rows) on the same C++ float32 GEMV kernel
+  (`labkit.core.model.linear`'s "auto" choice; prefill stays on oneDNN); the row "float32, oneDNN / MKL" is the path
+  before it, weights in (in, out) memory, oneDNN or MKL (`set_linear_kernel(model, "onednn")`), the same weights.
+* int4 kernel: the inner loop found each group's scale by a 64-bit division (`g0 / group`) once per 16 bytes; a
+  pointer that steps once per group instead took the kernel from 18.6 to 22.3 GB/s (8 layers 4096 x 2048, 15
+  interleaved rounds, against 22.8 GB/s for int8 in the same run; one-off script, results bit-identical). Decoding 64
+  weights (two groups) per iteration with four accumulators was slower (19.3 GB/s) and was not kept.
 * CTranslate2 runs the same weights, converted from a transformers Llama checkpoint of them (greedy tokens checked
   equal to labkit's on the bundled model), `compute_type` "float32" and "int8_float32", `intra_threads` = torch's
   threads; decode ms/token from `generate_tokens`' streamed timestamps.
-* Not measured here: the float32 step split into weights, attention, everything else and the engine (notebook 04 and
-  `scripts/bench_kvcache.py` split labkit's step); anything on a GPU (no GPU on this machine: no Triton int4/int8
-  GEMV kernel was written, and `torch._weight_int8pack_mm` was not timed on CUDA); KV int8/fp8 perplexity (the KV
-  formats are tested for greedy agreement in tests/core/quant).
+* KV perplexity rounds K and V in the model's own causal attention (`RoundTripKV`), exactly as `QuantizedKVPool`
+  writes and reads them, rather than scoring through the engine (which computes logits for the last position only);
+  the engine's int8/fp8 pools are tested for greedy agreement in tests/core/quant.
+* Not measured here: anything on a GPU (no GPU on this machine: no Triton int4/int8 GEMV kernel was written, and
+  `torch._weight_int8pack_mm` was not timed on CUDA).
+* The roof is measured twice, before the run and inside the kernel table's rounds, and the faster is used: this VM's
+  memory bandwidth drifts with its host's other guests, which the load figure cannot see (labkit's float32 GEMV
+  kernel read the same 256 MiB at about 48 GB/s in one run and 32 GB/s in a one-off check minutes later).
 * The machine is a shared 2-core VM: other processes' load is in the hardware table, and with load above ~10% the
   timings (and every ratio built from them) are unreliable; the perplexity figures do not depend on load."""
 
