@@ -1,6 +1,7 @@
 """``python -m labkit.serving``: load a model, start the engine thread, serve the app with uvicorn.
 
     python -m labkit.serving --model labkit-tiny --engine chunked --port 8000 --max-num-batched-tokens 256
+    python -m labkit.serving --quantization int8 --kv-cache-dtype int8       # 8-bit weights and KV (notebook 14)
 
 Binds 127.0.0.1 unless ``--host`` says otherwise (and warns then: the server has no authentication).
 ``--port 0`` takes any free port; the ready line printed once the socket is bound says which, and
@@ -23,8 +24,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from labkit.core.kv.quantized_pool import KV_CACHE_DTYPES, check_kv_cache_dtype
 from labkit.core.llm import LLM
 from labkit.core.model.source import BUNDLED_MODEL
+from labkit.core.quant.config import QUANTIZATION_METHODS, resolve_quantization
 from labkit.serving.api_server import build_app
 from labkit.serving.async_engine import HAND_OFFS, AsyncLLM
 from labkit.serving.connections import (
@@ -54,6 +57,7 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
+    quantization: str | None = None  # None, "int8" or "int4": weight-only quantization at load (notebook 14)
     engine_options: dict[str, Any] = field(default_factory=dict)
     log_level: str = "warning"
     access_log: bool = False
@@ -82,7 +86,7 @@ class ServerConfig:
 
 def make_async_llm(config: ServerConfig) -> AsyncLLM:
     llm = LLM(config.model, engine=config.engine, device=config.device, dtype=config.dtype, seed=config.seed,
-              **config.engine_options)
+              quantization=config.quantization, **config.engine_options)
     return AsyncLLM(llm, ServerMetrics(config.served_model_name or config.model),
                     timings=ServerTimings() if config.record_timings else None, hand_off=config.hand_off,
                     coalesce=config.stream_coalesce)
@@ -178,6 +182,21 @@ def _positive_seconds(value: str) -> float:
     return number
 
 
+def _quantization(value: str) -> str:
+    try:
+        resolve_quantization(value)  # the engine's own check, so the message is the one LLM(...) gives
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _kv_cache_dtype(value: str) -> str:
+    try:
+        return check_kv_cache_dtype(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p = argparse.ArgumentParser(prog="python -m labkit.serving", description="labkit's OpenAI-compatible server")
     p.add_argument("--model", default=BUNDLED_MODEL, help="bundled model name, checkpoint folder or preset")
@@ -208,6 +227,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", type=_quantization, default=None,
+                   help=f"weight-only quantization of every linear layer at load: {' or '.join(QUANTIZATION_METHODS)} "
+                        "(int4: groups of 32 inputs); default none (the model's dtype)")
+    p.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto",
+                   help=f"the KV cache's format: {', '.join(KV_CACHE_DTYPES)} (default auto: the model's dtype)")
     for opt in ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "block-size", "num-gpu-blocks"):
         p.add_argument(f"--{opt}", type=int, default=None)
     p.add_argument("--enable-prefix-caching", action="store_true")
@@ -231,6 +255,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     options = {k: getattr(a, k) for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                                           "num_gpu_blocks", "scheduler_cls", "block_manager_cls", "attention_backend")
                if getattr(a, k) is not None}
+    if a.kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = a.kv_cache_dtype
     if a.enable_prefix_caching:
         options["enable_prefix_caching"] = True
     if a.async_scheduling:
@@ -241,7 +267,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         torch.set_num_threads(a.num_threads)
     return ServerConfig(model=a.model, engine=a.engine, host=a.host, port=a.port,
                         served_model_name=a.served_model_name, device=a.device, dtype=a.dtype, seed=a.seed,
-                        engine_options=options, log_level=a.log_level, access_log=a.access_log,
+                        quantization=a.quantization, engine_options=options, log_level=a.log_level,
+                        access_log=a.access_log,
                         allowed_hosts=a.allowed_hosts, allowed_origins=a.allowed_origins,
                         max_request_body_bytes=a.max_request_body_bytes,
                         timeout_graceful_shutdown=a.timeout_graceful_shutdown, record_timings=a.record_timings,
