@@ -6,10 +6,56 @@ whether it runs alone or in a batch. Introduced in notebook 02 (``02_naive_gener
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from labkit.core.attention.decode import host_to_device
 from labkit.core.sampling_params import SamplingParams
+
+
+def pinned_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty host buffer shaped like ``t`` in pinned (page-locked) memory, which a non-blocking copy needs."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+
+
+@dataclass
+class SamplerOutput:
+    """One step's sampled tokens, kept on the device; the host's copy is made without waiting and read only when
+    asked for. Async scheduling (notebook 10) feeds ``token_ids`` to the next step's input ids on the device and
+    launches that step before it reads ``tolist()``; the synchronous engine reads it at once (``sample``).
+
+    ``token_ids``: (B,) int64 on the logits' device, one per sampling sequence in batch order.
+    """
+
+    token_ids: torch.Tensor  # (B,)
+    _host: torch.Tensor | None = field(default=None, repr=False)  # the host copy, once started
+    _ready: torch.cuda.Event | None = field(default=None, repr=False)  # CUDA: recorded right after the copy
+    _list: list[int] | None = field(default=None, repr=False)
+
+    def copy_to_host(self) -> SamplerOutput:
+        """Start the device -> host copy now, without waiting for it: on CUDA a non-blocking copy into pinned memory
+        queued right behind the sampling kernels, with an event that marks when it is done. On the CPU the tokens
+        are host memory already."""
+        if self._host is None:
+            if self.token_ids.device.type == "cuda":
+                self._host = pinned_like(self.token_ids)
+                self._host.copy_(self.token_ids, non_blocking=True)
+                self._ready = torch.cuda.Event()
+                self._ready.record()
+            else:
+                self._host = self.token_ids
+        return self
+
+    def tolist(self) -> list[int]:
+        """The tokens as ints. The one place the host waits for the step (CUDA: for the copy's event)."""
+        if self._list is None:
+            self.copy_to_host()
+            if self._ready is not None:
+                self._ready.synchronize()
+            assert self._host is not None
+            self._list = self._host.tolist()
+        return self._list
 
 
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -78,9 +124,17 @@ def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
-    """(B, V) logits -> B token ids, with one device -> host transfer for the whole batch. Greedy rows: one argmax
-    over the batch. Sampled rows: filtered together (``filtered_probs``), then each draws with its own generator
-    (so a seeded request draws the same tokens alone or in any batch), on the device."""
+    """(B, V) logits -> B token ids on the host: ``sample_tokens``, then its one device -> host transfer (read at
+    once: the synchronous engines need the tokens before their next step)."""
+    return sample_tokens(logits, params, generators).token_ids.tolist()
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> SamplerOutput:
+    """(B, V) logits -> B token ids left on the device (``SamplerOutput``). Greedy rows: one argmax over the batch.
+    Sampled rows: filtered together (``filtered_probs``), then each draws with its own generator (so a seeded
+    request draws the same tokens alone or in any batch), on the device. Nothing here waits for the device."""
     tokens = torch.argmax(logits, dim=-1)  # (B,)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
@@ -97,4 +151,4 @@ def sample(
                                any(params[i].top_p < 1.0 for i in rows))
         drawn = torch.cat([draw(probs[j], generators[i]) for j, i in enumerate(rows)])  # (B_sampled,)
         tokens = drawn if every_row else tokens.index_copy(0, row.long(), drawn)
-    return tokens.tolist()  # the one device -> host transfer
+    return SamplerOutput(tokens)

@@ -23,7 +23,7 @@ from labkit.core.engine.step import StageClock
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.kv.paged_pool import PagedKVPool
 from labkit.core.model import CausalLM
-from labkit.core.sampler import sample
+from labkit.core.sampler import SamplerOutput, sample, sample_tokens
 from labkit.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from labkit.core.sequence import Sequence
 from labkit.core.spec_decode.metrics import SpecDecodingStats
@@ -51,7 +51,8 @@ class StepInputs:
 def new_token_ids(seq: Sequence, start: int, n: int) -> list[int]:
     """Ids of positions start..start+n-1: known tokens, then this step's proposals (speculative decoding). Under
     async scheduling the last may still be being sampled by the launched step: it is 0 here and
-    ``ModelRunner.fill_pending`` writes it in before the forward pass."""
+    ``ModelRunner.fill_pending`` writes it in on the device, from that step's sampled tokens, before the forward
+    pass."""
     ids = seq.token_ids[start : start + n]
     if len(ids) < n and seq.spec_token_ids:
         ids += seq.spec_token_ids[: n - len(ids)]
@@ -201,13 +202,16 @@ class ModelRunner:
                           pending_rows, graph_meta, logits_index)
 
     @staticmethod
-    def fill_pending(inputs: StepInputs) -> None:
-        """Async scheduling: once the previous step's tokens are known, write them into this step's inputs."""
+    def fill_pending(inputs: StepInputs, prev_samplers: list[Sequence], prev_tokens: torch.Tensor) -> None:
+        """Async scheduling: write the tokens the previous step sampled into this step's holes, device to device.
+        ``prev_tokens`` (P_prev,) are that step's sampled tokens, one per sequence of ``prev_samplers``, still on
+        the device: the host never waits for them here (it reads them only after this step is launched)."""
         if not inputs.pending_rows:
             return
-        host = torch.tensor([[r, seq.output_token_ids[-1]] for r, seq in inputs.pending_rows])  # (P, 2)
-        rows, tokens = host_to_device(host, inputs.input_ids.device).unbind(1)  # one copy
-        inputs.input_ids[0, rows] = tokens
+        where = {id(s): i for i, s in enumerate(prev_samplers)}
+        host = torch.tensor([[r, where[id(seq)]] for r, seq in inputs.pending_rows])  # (P, 2): hole, source
+        rows, src = host_to_device(host, inputs.input_ids.device).unbind(1)  # one host -> device copy
+        inputs.input_ids[0, rows] = prev_tokens[src]  # (P,) gathered and scattered on the device
         inputs.pending_rows = []
 
     @torch.inference_mode()
@@ -234,13 +238,17 @@ class ModelRunner:
             return ModelRunnerOutput(samplers, verified)
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs, clock: StageClock) -> list[int]:
-        """The device's part of a prepared step: block copies, one forward pass, sampling. Touches no host
+    def execute(self, inputs: StepInputs, clock: StageClock) -> SamplerOutput:
+        """The device's part of a prepared step: block copies, one forward pass, sampling, and the start of the
+        sampled tokens' copy to the host (waited for by ``SamplerOutput.tolist`` alone). Touches no host
         bookkeeping, so async scheduling (notebook 10) runs it on a worker thread while the host plans the next."""
         logits = self.forward(inputs, clock)
         with clock.stage("sample"):
             samplers = inputs.samplers
-            return sample(logits, [s.params for s in samplers], [s.generator for s in samplers]) if samplers else []
+            if logits is None or not samplers:  # a prefill chunk that stops mid-prompt samples nothing
+                return SamplerOutput(torch.empty(0, dtype=torch.long, device=self.device))
+            out = sample_tokens(logits, [s.params for s in samplers], [s.generator for s in samplers])
+            return out.copy_to_host()  # queued right behind the sampling: the host may read it after the next launch
 
     def forward(self, inputs: StepInputs, clock: StageClock) -> torch.Tensor | None:
         """Block copies and one forward pass: (R, vocab) logits of the sampled rows, or None if none samples."""

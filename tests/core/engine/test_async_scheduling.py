@@ -1,8 +1,10 @@
 """Async scheduling (``async_scheduling=True``, notebook 10): step N+1 is planned while step N runs.
 
-It must change no token and no finish reason, waste no step on a request whose length is known,
-keep faults and aborts contained, and return every KV block. The overlap itself is checked too:
-the scheduler must run while the device's part of the previous step has not finished.
+It must change no token and no finish reason, waste no step on a request whose length is known (one that stops
+on a token already placed in the next step costs that step's token, discarded, as in vLLM), keep faults and aborts
+contained, and return every KV block. The overlap itself is checked too: the scheduler must run while the device's
+part of the previous step has not finished. That step N+1 is launched before the host reads step N's tokens is
+checked in tests/core/engine/test_async_device_tokens.py.
 The long randomised run (faults, aborts, preemption, prefix caching, n > 1, stop strings) with and
 without async scheduling is in tests/core/engine/test_stress.py.
 """
@@ -83,9 +85,10 @@ def test_async_changes_no_completion(tiny: Path, engine: str, options: dict) -> 
         llm = LLM(str(tiny), engine=engine, dtype="float64", async_scheduling=mode, **budget, **options)
         runs[mode] = completions(llm, prompts, params)
         computed[mode] = sum(s.num_computed_tokens for s in llm.engine.step_stats)
+        discarded = getattr(llm.engine, "num_discarded_tokens", 0)
     assert runs[True] == runs[False]
-    if not options:  # no preemption: nothing recomputed, and a request that stops is never run again
-        assert computed[True] == computed[False]
+    if not options:  # no preemption: nothing recomputed; a request that stops ran one more step, whose token is dropped
+        assert discarded > 0 and computed[True] == computed[False] + discarded
     reasons = {c[1] for out in runs[True] for c in out}
     assert {"stop", "length"} <= reasons  # the early-stop path (a pending token that ends its request) ran
 
@@ -111,23 +114,25 @@ def test_the_next_step_is_scheduled_while_the_device_runs(tiny: Path, monkeypatc
     llm = LLM(str(tiny), engine="chunked", dtype="float64", async_scheduling=True)
     engine = llm.engine
     cond = threading.Condition()
-    counts = {"scheduled": 0, "at_launch": 0}
+    counts = {"scheduled": 0}
     overlapped = []
     real_execute, real_schedule = engine.runner.execute, engine.scheduler.schedule
-    real_fill = engine.runner.fill_pending
+    real_prepare = engine.runner.prepare_step
+    scheduled_before: dict[int, int] = {}  # id(inputs) -> schedule calls up to the one that planned the step
 
-    def fill_pending(*args, **kwargs):  # type: ignore[no-untyped-def]  # the host, just before launching
-        counts["at_launch"] = counts["scheduled"]
-        return real_fill(*args, **kwargs)
+    def prepare_step(batch):  # type: ignore[no-untyped-def]  # the host, right after scheduling the step
+        inputs = real_prepare(batch)
+        scheduled_before[id(inputs)] = counts["scheduled"]
+        return inputs
 
-    def execute(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def execute(inputs, clock):  # type: ignore[no-untyped-def]
         assert threading.current_thread() is not threading.main_thread()
         # Wait until the host schedules the next step. A synchronous engine would only schedule after this
         # returns, so the wait would time out.
-        launched_after = counts["at_launch"]
+        launched_after = scheduled_before[id(inputs)]
         with cond:
             overlapped.append(cond.wait_for(lambda: counts["scheduled"] > launched_after, timeout=10))
-        return real_execute(*args, **kwargs)
+        return real_execute(inputs, clock)
 
     def schedule(*args, **kwargs):  # type: ignore[no-untyped-def]
         batch = real_schedule(*args, **kwargs)
@@ -136,7 +141,7 @@ def test_the_next_step_is_scheduled_while_the_device_runs(tiny: Path, monkeypatc
             cond.notify_all()
         return batch
 
-    monkeypatch.setattr(engine.runner, "fill_pending", fill_pending)
+    monkeypatch.setattr(engine.runner, "prepare_step", prepare_step)
     monkeypatch.setattr(engine.runner, "execute", execute)
     monkeypatch.setattr(engine.scheduler, "schedule", schedule)
     outs = llm.generate(PROMPTS[:2], [greedy(6), greedy(3)], use_tqdm=False)
@@ -184,6 +189,76 @@ def test_a_fault_on_the_device_fails_only_the_launched_step(tiny: Path, engine: 
     assert_memory_returned([llm])
     monkeypatch.setattr(llm.engine.runner, "execute", real_execute)
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == want
+
+
+@pytest.mark.parametrize("fault_at", [3, 6])
+def test_a_fault_taking_tokens_back_settles_the_step_launched_behind_it(tiny: Path, fault_at: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step N's tokens cannot be handed over (``update_from_output`` raises) while step N+1, launched behind it, ran:
+    N's sequences fail, N+1's token for them is dropped, N+1's other sequences keep theirs and go on."""
+    params = [greedy(4 + i) for i in range(len(PROMPTS))]
+    ref = LLM(str(tiny), engine="chunked", dtype="float64", max_num_seqs=2, max_num_batched_tokens=16)
+    want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, params, use_tqdm=False)]
+    llm = LLM(str(tiny), engine="chunked", dtype="float64", async_scheduling=True, max_num_seqs=2,
+              max_num_batched_tokens=16, debug_checks=True)
+    engine = llm.engine
+    real_update, real_settle = engine.scheduler.update_from_output, engine._settle_behind  # type: ignore[attr-defined]
+    calls = {"n": 0}
+    settled: list[bool] = []
+
+    def update_from_output(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == fault_at:
+            raise RuntimeError("bad bookkeeping")
+        return real_update(*args, **kwargs)
+
+    def settle(step):  # type: ignore[no-untyped-def]
+        settled.append(step.future.exception() is None)  # the step behind ran: its tokens are taken
+        return real_settle(step)
+
+    monkeypatch.setattr(engine.scheduler, "update_from_output", update_from_output)
+    monkeypatch.setattr(engine, "_settle_behind", settle)
+    with pytest.raises(RequestFailedError, match="bad bookkeeping") as info:
+        llm.generate(PROMPTS, params, use_tqdm=False)
+    assert settled == [True] and engine.num_preemptions == 0  # taken as they were, not recomputed
+    reasons = [o.outputs[0].finish_reason for o in info.value.outputs]
+    assert "error" in reasons and "length" in reasons
+    for out, w in zip(info.value.outputs, want):
+        c = out.outputs[0]
+        assert c.token_ids == (w[: len(c.token_ids)] if c.finish_reason == "error" else w)
+    assert_memory_returned([llm])
+
+
+def test_a_device_fault_leaves_no_unwritten_block_in_the_prefix_cache(tiny: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block enters the prefix cache only once a finished step wrote its K/V: step N+1 (launched) writes the K/V of
+    step N's token, so its blocks wait for it. Here step N+1 fails; requests that extend the failed ones' tokens
+    then hit the cache and must still get the tokens a fresh engine gives."""
+    llm = LLM(str(tiny), engine="chunked", dtype="float64", async_scheduling=True, block_size=2,
+              enable_prefix_caching=True)
+    real_execute = llm.engine.runner.execute
+    calls = {"n": 0}
+
+    def execute(inputs, clock):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise MemoryError("device out of memory")
+        return real_execute(inputs, clock)
+
+    monkeypatch.setattr(llm.engine.runner, "execute", execute)
+    with pytest.raises(RequestFailedError, match="device out of memory") as info:
+        llm.generate(PROMPTS[:3], greedy(8), use_tqdm=False)
+    failed = [o for o in info.value.outputs if o.outputs[0].finish_reason == "error"]
+    assert len(failed) == 3 and all(o.outputs[0].token_ids for o in failed)
+    monkeypatch.setattr(llm.engine.runner, "execute", real_execute)
+    # One token more than they had: every block holding their known tokens is a prefix the cache may serve.
+    extended = [o.prompt_token_ids + o.outputs[0].token_ids * 2 for o in failed]
+    ref = LLM(str(tiny), engine="chunked", dtype="float64")
+    want = [o.outputs[0].token_ids for o in ref.generate(extended, greedy(4), use_tqdm=False)]
+    hits_before = llm.engine.block_manager.num_hit_tokens
+    assert [o.outputs[0].token_ids for o in llm.generate(extended, greedy(4), use_tqdm=False)] == want
+    assert llm.engine.block_manager.num_hit_tokens > hits_before  # the cache was used
+    assert_memory_returned([llm])
 
 
 def test_a_fault_before_launch_raises_step_failed_error(tiny: Path) -> None:
