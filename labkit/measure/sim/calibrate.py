@@ -59,12 +59,15 @@ def measured_records(outputs: Sequence[RequestOutput]) -> list[RequestRecord]:
 
 def calibrate(llm: LLM, requests: Sequence[SimRequest], seed: int = 0
               ) -> tuple[StepCostModel, list[StepShape], list[float]]:
-    """Run ``requests`` on ``llm`` (built with ``scheduler_cls=RecordingScheduler``) and fit the cost model to its
-    steps: (the model, each step's shape, each step's measured seconds)."""
+    """Run ``requests`` on ``llm`` (built with ``scheduler_cls=RecordingScheduler``), after one unrecorded warm-up
+    request, and fit the cost model to its steps: (the model, each step's shape, each step's measured seconds)."""
     scheduler = getattr(llm.engine, "scheduler", None)
     if not isinstance(scheduler, RecordingScheduler):
         raise TypeError("calibrate needs an LLM built with scheduler_cls=RecordingScheduler (labkit.measure.sim), "
                         f"got scheduler {type(scheduler).__name__}")
+    # A fresh engine's first steps pay one-time costs (allocations, first calls into each kernel): several times a
+    # steady step. Run the workload's first request once, unrecorded, so that the fit sees steady-state steps only.
+    run_real(llm, list(requests)[:1], seed)
     num_shapes, num_steps = len(scheduler.shapes), len(llm.engine.step_stats)
     run_real(llm, requests, seed)
     shapes, steps = scheduler.shapes[num_shapes:], llm.engine.step_stats[num_steps:]

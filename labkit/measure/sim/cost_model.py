@@ -4,9 +4,9 @@ An engine step's time on a given device depends on what it computes: prompt toke
 decode rows (each reads the weights once per step, whatever the batch), the keys attention reads, a fixed
 launch-and-host cost per step, and one per prompt chunk (its own attention call and causal mask, its first
 token's sampling: on a small model this is what a short prompt's prefill mostly costs). ``StepShape`` counts
-those for one ``SchedulerOutput``; ``StepCostModel.fit`` finds the seconds per unit of each (non-negative least
-squares) from steps measured on the real engine (``RecordingScheduler`` notes each step's shape while
-``StepStats`` times it). The simulator then prices every step the real scheduler plans with it.
+those for one ``SchedulerOutput``; ``StepCostModel.fit`` finds the seconds per unit of each (a non-negative fit to
+the median relative error) from steps measured on the real engine (``RecordingScheduler`` notes each step's shape
+while ``StepStats`` times it). The simulator then prices every step the real scheduler plans with it.
 Introduced in notebook 12 (``12_disaggregated_prefill``).
 """
 
@@ -74,23 +74,36 @@ class StepCostModel:
 
     @classmethod
     def fit(cls, shapes: list[StepShape], seconds: list[float]) -> StepCostModel:
-        """Non-negative least squares on relative error (each step weighted by 1 / its time, so the many short
-        decode steps count as much as the few long prefills); a feature whose best weight is negative is dropped, and
-        steps more than 3x the median relative error off are left out of a second fit."""
+        """Non-negative fit to the *median* relative error (least absolute deviations, by iteratively reweighted
+        least squares), each step weighted by 1 / its time so that the many short decode steps count as much as
+        the few long prefills; a feature whose best weight is negative is dropped.
+
+        Why the median and not least squares with outlier rejection: on a shared machine another program only
+        ever slows a step down, and a least-squares fit follows those slow steps; rejecting the steps far from a
+        first fit, as an earlier labkit did, can also throw away the few steps of a rare kind (a short prompt's
+        chunk beside running decodes) that alone pin down the fixed cost per prompt chunk (in one smoke-size
+        calibration it dropped all three). A least-absolute-deviations fit gives every step a bounded pull, so a
+        few slowed steps cannot drag it, and no step is thrown away."""
         if len(shapes) != len(seconds) or len(shapes) < len(FEATURES):
             raise ValueError(f"fitting needs at least {len(FEATURES)} measured steps with a time each, got "
                              f"{len(shapes)} shapes and {len(seconds)} times")
         x = np.stack([s.features() for s in shapes])  # (steps, features)
         y = np.asarray(seconds, dtype=float)  # (steps,)
-        first = cls._nonnegative_fit(x, y)
-        # One pass of outlier rejection: a step another program slowed down (a shared machine) would pull the fit.
-        residual = np.abs(x @ first / y - 1)  # (steps,) relative
-        keep = residual <= max(3 * float(np.median(residual)), 0.05)
-        return cls(cls._nonnegative_fit(x[keep], y[keep]) if keep.sum() >= len(FEATURES) else first)
+        if (y <= 0).any():
+            raise ValueError(f"every measured step time must be positive, got {float(y.min())} s")
+        coef = cls._nonnegative_fit(x, y, np.ones_like(y))
+        for _ in range(50):  # IRLS for the L1 loss: weight each step by 1 / |its relative residual|
+            residual = np.abs(x @ coef / y - 1)  # (steps,) relative
+            new = cls._nonnegative_fit(x, y, 1.0 / np.sqrt(np.maximum(residual, 1e-4)))
+            if np.allclose(new, coef, rtol=1e-7, atol=1e-15):
+                break
+            coef = new
+        return cls(coef)
 
     @staticmethod
-    def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        w = 1.0 / np.maximum(y, 1e-6)
+    def _nonnegative_fit(x: np.ndarray, y: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Weighted least squares on relative error (row weight ``extra / y``), negative coefficients dropped."""
+        w = extra / y  # (steps,)
         active = [j for j in range(x.shape[1]) if x[:, j].any()]
         while True:
             coef, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
