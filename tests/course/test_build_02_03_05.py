@@ -72,6 +72,12 @@ def returns_a_tensor(self: NaiveEngine, seq: Sequence) -> Any:
     return logits_at(self, seq, -1).argmax()
 
 
+def appends_itself(self: NaiveEngine, seq: Sequence) -> int:
+    token = int(logits_at(self, seq, -1).argmax())
+    seq.output_token_ids.append(token)  # the engine records it itself: appending here too changes the sequence
+    return token
+
+
 def test_next_token_checker_passes_the_reference() -> None:
     assert check_next_token(NaiveEngine).passed
 
@@ -81,6 +87,7 @@ def test_next_token_checker_passes_the_reference() -> None:
     (temperature_ignored, ("S0", "labkit's own engine (the same seed)")),
     (always_greedy, ("every sampled request produced its greedy tokens",)),
     (returns_a_tensor, ("returned a tensor", "engine step 0")),
+    (appends_itself, ("changed the sequence", "the engine appends it")),
 ])
 def test_next_token_checker_fails_planted_bugs(bug: Callable[..., Any], words: tuple[str, ...]) -> None:
     assert_fails(check_next_token(subclass(NaiveEngine, "MyEngine", next_token=bug)), *words)
@@ -94,14 +101,15 @@ def test_next_token_stub_is_not_started(capsys: pytest.CaptureFixture[str]) -> N
 # ---- 02, Task 3: the stop rule, check_stop(seq) ----
 
 def stop_rule(seq: Sequence, off_by_one: bool = False, eos: bool = True, honour_ignore_eos: bool = True,
-              strings: bool = True, context: bool = True) -> tuple[str, str | int | None] | None:
+              strings: bool = True, context: bool = True, stop_ids: bool = True,
+              names_the_token: bool = True) -> tuple[str, str | int | None] | None:
     p, token = seq.params, seq.output_token_ids[-1]
     if strings and seq.detokenizer.stop_reason is not None:
         return "stop", seq.detokenizer.stop_reason
     if eos and not (p.ignore_eos and honour_ignore_eos) and token in seq.eos_token_ids:
         return "stop", None
-    if token in p.stop_token_ids:
-        return "stop", token
+    if stop_ids and token in p.stop_token_ids:
+        return "stop", token if names_the_token else None
     if p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens + off_by_one:
         return "length", None
     if context and seq.num_tokens >= seq.max_model_len:
@@ -127,6 +135,8 @@ def test_stop_rule_checker_passes_the_reference() -> None:
     ({"honour_ignore_eos": False}, ("R3", "expected None", "ignore_eos is True")),
     ({"strings": False}, ("R4", "stop string 'play'",)),
     ({"context": False}, ("R5", "max_model_len 32")),
+    ({"stop_ids": False}, ("R1", "returned None (go on); expected ('stop', 951)", "params.stop_token_ids")),
+    ({"names_the_token": False}, ("R1", "returned ('stop', None); expected ('stop', 951)",)),
 ])
 def test_stop_rule_checker_fails_planted_bugs(bug: dict[str, bool], words: tuple[str, ...]) -> None:
     assert_fails(check_stop_rule(lambda seq: stop_rule(seq, **bug)), *words)
@@ -186,6 +196,14 @@ def never_written(self: ContiguousKVCache, layer_idx: int, q: torch.Tensor, k: t
     return sdpa(q, k, v, mask=None, is_causal=True)
 
 
+def advances_the_length(self: ContiguousKVCache, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor) -> torch.Tensor:
+    keys = self.write(self.k[layer_idx], k, self.length)
+    values = self.write(self.v[layer_idx], v, self.length)
+    self.length += q.shape[1]  # the engine advances it once every layer has run (end_step)
+    return sdpa(q, keys, values, mask=self.mask, is_causal=False)
+
+
 def test_attend_checker_passes_the_reference() -> None:
     assert check_attend(ContiguousKVCache).passed
 
@@ -196,6 +214,7 @@ def test_attend_checker_passes_the_reference() -> None:
     (no_mask, ("its prefill", "no mask")),
     (only_this_step, ("decode step 1", "this step's keys and values only")),
     (never_written, ("do not hold this step's keys",)),
+    (advances_the_length, ("its prefill", "changed self.length from 0 to 11", "leave it alone")),
 ])
 def test_attend_checker_fails_planted_bugs(bug: Callable[..., Any], words: tuple[str, ...]) -> None:
     assert_fails(check_attend(subclass(ContiguousKVCache, "MyKVCache", attend=bug)), "R0", *words)

@@ -89,6 +89,16 @@ class WrongKVHeads(LearnersAttention):
         return x.repeat(1, group, 1)  # query head h reads KV head h % n_kv_heads
 
 
+class WritesIntoLayerZero(LearnersAttention):
+    """Writes the new K/V into layer 0's pool as well (a hard-coded layer index left over from testing)."""
+
+    def attend(self, layer_idx, q, k, v):  # type: ignore[no-untyped-def]
+        out = super().attend(layer_idx, q, k, v)
+        self.pool.k[0].flatten(0, 1)[self.meta.slot_mapping] = k[0]
+        self.pool.v[0].flatten(0, 1)[self.meta.slot_mapping] = v[0]
+        return out
+
+
 class ContiguousOnlyInTheEngine(AssumesContiguousBlocks):
     """Right on the checker's float64 pool, wrong on the engine's float32 one: only the engine run sees it."""
 
@@ -117,6 +127,7 @@ PLANTED: dict[type, str | tuple[str, ...]] = {
     ReadsPastTheContext: "the slots past its context length",
     AssumesContiguousBlocks: "one decode, context of 6 tokens",
     WrongKVHeads: "query head h reading KV head h % 2",
+    WritesIntoLayerZero: "changed layer 0's pool",
     ContiguousOnlyInTheEngine: ("R0: output token", "in transformers' greedy continuation"),
 }
 

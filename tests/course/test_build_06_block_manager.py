@@ -125,6 +125,50 @@ class LookupMatchesTheWholePrompt(LearnersBlockManager):
         return hits
 
 
+class CopyKeepsTheOriginal(LearnersBlockManager):
+    """Copy-on-write that never lets go of the original: the shared block keeps one holder too many."""
+
+    def allocate(self, seq, num_new_tokens, cached_blocks=None):  # type: ignore[no-untyped-def]
+        self.take_cached_prefix(seq, cached_blocks)
+        copies = []
+        i = seq.num_computed_tokens // self.block_size
+        if i < len(seq.block_table) and self.blocks[seq.block_table[i]].ref_count > 1:
+            src, dst = seq.block_table[i], self._take_free_block()
+            seq.block_table[i] = dst  # BUG: no self._release(src)
+            copies.append((src, dst))
+            self.num_copies += 1
+        self.grow_table(seq, num_new_tokens)
+        return copies
+
+
+class CachedBlocksNotCounted(LearnersBlockManager):
+    def take_cached_prefix(self, seq, cached_blocks):  # type: ignore[no-untyped-def]
+        if cached_blocks:
+            for block_id in cached_blocks:
+                self._share(block_id)
+            seq.block_table = list(cached_blocks)  # BUG: the cached tokens are not counted as computed and cached
+
+
+class LookupIgnoresTheSwitch(LearnersBlockManager):
+    def lookup_prefix(self, seq):  # type: ignore[no-untyped-def]
+        if seq.block_table:  # BUG: looks up even with enable_prefix_caching=False
+            return []
+        prompt = seq.prompt_token_ids
+        hits = []
+        for h in self.block_hashes(prompt[: len(prompt) - 1]):
+            if h not in self.hash_to_block_id:
+                break
+            hits.append(self.hash_to_block_id[h])
+        return hits or [0]  # a fresh pool has no hashes: a guess at block 0 shows the lookup ran
+
+
+class FreeKeepsTheTable(LearnersBlockManager):
+    def free(self, seq):  # type: ignore[no-untyped-def]
+        for block_id in seq.block_table[::-1]:
+            self._release(block_id)
+        seq.num_computed_tokens = 0  # BUG: block_table still lists the blocks it gave back
+
+
 def in_the_engine(seq) -> bool:  # type: ignore[no-untyped-def]
     """The engine stamps a sequence when it schedules it; the checker's by-hand sequences are never scheduled."""
     return seq.metrics.first_scheduled_time is not None
@@ -178,6 +222,10 @@ PLANTED = {
     NoCopyOnWriteOnlyInTheEngine: "a shared block must be copied before anyone writes into it",
     ForgetsTheDecrementOnlyInTheEngine: "the block manager's books did not balance: block",
     KeepsComputedTokensOnlyInTheEngine: "engine 'continuous' on a pool too small",
+    CopyKeepsTheOriginal: "the original and the copy have one holder each (reference counts (1, 1), got (2, 1))",
+    CachedBlocksNotCounted: "whose first 8 tokens are cached: block_table starts with [0, 1] and gets one new block",
+    LookupIgnoresTheSwitch: "with enable_prefix_caching=False, lookup_prefix finds nothing",
+    FreeKeepsTheTable: "after free(seq) the sequence holds nothing: block_table []",
 }
 
 

@@ -75,6 +75,11 @@ def merge_without_the_max(o_parts, m_parts, l_parts):  # type: ignore[no-untyped
     return (o_parts * w[:, :, None]).sum(0) / (l_parts * w).sum(0)[:, None]
 
 
+def merge_normalises_each_split(o_parts, m_parts, l_parts):  # type: ignore[no-untyped-def]
+    w = torch.exp(m_parts - m_parts.max(0).values[None, :]) * l_parts  # (S, G)
+    return ((o_parts / l_parts[:, :, None]) * w[:, :, None]).sum(0) / w.sum(0)[:, None]  # BUG: 0 / 0 when empty
+
+
 @pytest.mark.parametrize("bug,expected", [
     (tile_no_rescale, "three tiles in one split.*must shrink by the same factor"),
     (tile_table_off_by_one, "one tile.*table\\[pos // BLOCK_SIZE \\+ 1\\].*off-by-one"),
@@ -87,6 +92,7 @@ def test_twin_inner_loop_mistakes_fail_with_their_message(bug, expected: str) ->
 @pytest.mark.parametrize("bug,expected", [
     (merge_unweighted_sums, "two splits.*common max"),
     (merge_without_the_max, "scores hundreds apart.*(inf or nan|overflows)"),
+    (merge_normalises_each_split, "an empty split.*must weigh nothing, and nothing may divide by a split's own sum"),
 ])
 def test_twin_merge_mistakes_fail_with_their_message(bug, expected: str) -> None:  # type: ignore[no-untyped-def]
     assert_one_failure_matching(check_merge_splits(bug, twin=True), expected)

@@ -19,6 +19,7 @@ def planted_quantizer(bug: str):  # type: ignore[no-untyped-def]
             amax = w.abs().amax(dim=0 if bug == "wrong axis" else 1)
             s = scales if scales is not None else torch.where(amax > 0, amax / (128 if bug == "scale overflow" else
                                                                                    127), torch.ones_like(amax))
+            s = amax / 127 if bug == "zero scale" else s  # a row of zeros gets scale 0 (then 0 / 0)
             q = torch.round(w / (s[None, :] if bug == "wrong axis" else s[:, None]))
             q = q if bug == "missing clamp" else q.clamp(low, top)
             return q.to(torch.int8), s.float()
@@ -26,6 +27,7 @@ def planted_quantizer(bug: str):  # type: ignore[no-untyped-def]
         amax = g.abs().amax(2)
         s = scales if scales is not None else torch.where(amax > 0, amax / (8 if bug == "scale overflow" else 7),
                                                           torch.ones_like(amax))
+        s = amax / 7 if bug == "zero scale" else s
         q = torch.round(g / s[..., None])
         q = (q if bug == "missing clamp" else q.clamp(low, top)).flatten(1)
         if bug == "missing clamp":
@@ -43,7 +45,8 @@ def test_the_reference_quantizer_passes() -> None:
 
 
 @pytest.mark.parametrize(("bug", "because"), [("wrong axis", "axis"), ("missing clamp", "clamp"),
-                                              ("scale overflow", "error"), ("nibble order", "nibbles")])
+                                              ("scale overflow", "error"), ("nibble order", "nibbles"),
+                                              ("zero scale", "zero")])
 def test_each_planted_quantizer_bug_fails_with_its_class(bug: str, because: str) -> None:
     result = check_quantize_weight(planted_quantizer(bug))
     assert not result.passed and because in result.because, (result.failures, result.because)

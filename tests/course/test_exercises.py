@@ -26,9 +26,24 @@ def test_ch01_latency_checker() -> None:
         lat = compute_latencies(arrival, times)
         return {"ttft": times[0], "itl": lat.itl, "e2e": lat.e2e, "tpot": lat.tpot}
 
-    for bug in (tpot_over_n, ttft_from_zero):
+    def itl_from_the_arrival(arrival, times):  # type: ignore[no-untyped-def]
+        lat = compute_latencies(arrival, times)
+        return {"ttft": lat.ttft, "itl": [lat.ttft, *lat.itl], "e2e": lat.e2e, "tpot": lat.tpot}
+
+    def e2e_from_the_first_token(arrival, times):  # type: ignore[no-untyped-def]
+        lat = compute_latencies(arrival, times)
+        return {"ttft": lat.ttft, "itl": lat.itl, "e2e": times[-1] - times[0], "tpot": lat.tpot}
+
+    def tpot_of_one_token_undefined(arrival, times):  # type: ignore[no-untyped-def]
+        lat = compute_latencies(arrival, times)
+        return {"ttft": lat.ttft, "itl": lat.itl, "e2e": lat.e2e, "tpot": (lat.e2e - lat.ttft) / (len(times) - 1)}
+
+    for bug, field in ((tpot_over_n, "tpot="), (ttft_from_zero, "ttft="), (itl_from_the_arrival, "itl="),
+                       (e2e_from_the_first_token, "e2e=")):
         result = check_request_latencies(bug)
-        assert result.status == "failed" and result.failures
+        assert result.status == "failed" and field in result.failures[0], result.failures
+    result = check_request_latencies(tpot_of_one_token_undefined)  # the single-token case: tpot is 0, no gaps
+    assert result.status == "failed" and "ZeroDivisionError" in result.failures[0], result.failures
 
 
 def test_unfinished_stub_falls_back_to_the_reference(capsys) -> None:
@@ -65,11 +80,22 @@ def test_ch02_top_p_checker() -> None:
         probs, _ = torch.sort(logits.softmax(-1), descending=True)
         return logits.masked_fill((probs.cumsum(-1) - probs) >= p, float("-inf"))
 
-    for bug in (drops_the_crossing_token, forgets_to_unsort):
-        assert check_top_p(bug).status == "failed"
+    def renormalises(logits, p):  # type: ignore[no-untyped-def]
+        return apply_top_p(logits, p).log_softmax(-1)  # the kept tokens must keep their logits
+
+    def returns_the_kept_ids(logits, p):  # type: ignore[no-untyped-def]
+        return torch.isfinite(apply_top_p(logits, p)).nonzero().flatten()  # not one value per vocabulary entry
+
+    for bug, words in ((drops_the_crossing_token, "kept"), (forgets_to_unsort, "kept"),
+                       (renormalises, "surviving logits must keep their values"),
+                       (returns_the_kept_ids, "expected a tensor of shape")):
+        result = check_top_p(bug)
+        assert result.status == "failed" and words in result.failures[0], result.failures
 
 
 def test_ch03_write_kv_checker() -> None:
+    import torch
+
     from labkit.core.kv.contiguous import write_kv
     from labkit.course.ch03_kv_cache import check_write_kv
 
@@ -84,8 +110,18 @@ def test_ch03_write_kv_checker() -> None:
         cache[:, :, : new.shape[1]] = new.transpose(1, 2)
         return cache[:, :, : start + new.shape[1]].transpose(1, 2)
 
-    for bug in (no_transpose_back, overwrites_from_zero):
-        assert check_write_kv(bug).status == "failed"
+    def never_writes_the_cache(cache, new, start):  # type: ignore[no-untyped-def]
+        return torch.cat([cache[:, :, :start].transpose(1, 2), new], dim=1)  # right now, lost at the next step
+
+    def writes_to_the_end(cache, new, start):  # type: ignore[no-untyped-def]
+        cache[:, :, start:] = new.transpose(1, 2)[:, :, -1:]  # fills every later column too
+        return cache[:, :, : start + new.shape[1]].transpose(1, 2)
+
+    for bug, words in ((no_transpose_back, "shape"), (overwrites_from_zero, "cached prefill followed by the new"),
+                       (never_writes_the_cache, "the cache tensor itself must hold the new token"),
+                       (writes_to_the_end, "and nothing beyond it")):
+        result = check_write_kv(bug)
+        assert result.status == "failed" and any(words in f for f in result.failures), result.failures
 
 
 def test_ch03_checker_runs_the_update_inside_the_kvcache_engine() -> None:

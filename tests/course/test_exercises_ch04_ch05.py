@@ -10,7 +10,7 @@ from labkit.course import use_or_reference
 from labkit.course.ch04_prefill_vs_decode import DECODE_CASES, check_decode_cost, flops_and_bytes
 from labkit.course.ch05_static_batching import BATCH_CASES, check_static_batch_tokens
 from labkit.measure.batching import static_batch_tokens, static_batch_waste, static_batching_waste
-from labkit.measure.roofline import decode_cost, kv_bytes_per_token
+from labkit.measure.roofline import decode_cost, kv_bytes_per_token, matmul_params_per_layer
 
 # ---- notebook 04: decode_cost ----
 
@@ -65,6 +65,11 @@ PLANTED_DECODE_BUGS = {
                                   * c.num_hidden_layers),
     # forgets the lm_head matmul
     "no lm_head": _with(flops_delta=lambda c, b, ctx, n: -2 * c.hidden_size * c.vocab_size * b),
+    # forgets to write the new token's K/V into the cache
+    "no KV write": _with(bytes_delta=lambda c, b, ctx, n: -b * kv_bytes_per_token(c, n)),
+    # counts the decoder's matmuls once per step, not once per sequence
+    "matmuls once per step": _with(flops_delta=lambda c, b, ctx, n: -(b - 1) * 2 * c.num_hidden_layers
+                                   * matmul_params_per_layer(c)),
 }
 
 

@@ -88,6 +88,10 @@ def builds_continuous(parts, model, **options):  # type: ignore[no-untyped-def]
     return LLM(model, engine="continuous", **parts.options(), **options)
 
 
+def drops_the_options(parts, model, **options):  # type: ignore[no-untyped-def]
+    return LLM(model, engine="chunked", **parts.options())  # the caller's budget, pool and slots never arrive
+
+
 # ---- the capstone checker ----
 
 
@@ -119,7 +123,10 @@ def test_capstone_checker_passes_right_parts(parts: EngineParts) -> None:
     (ignores_the_parts, combine_parts(Fills),
      "your engine runs Scheduler as its scheduler_cls, not Fills from parts: pass scheduler_cls=parts.scheduler_cls"),
     (builds_continuous, EngineParts(), "your engine is 'continuous'; the capstone runs engine 'chunked'"),
-], ids=["slot off by one", "chunk not capped", "free forgets the pool", "parts ignored", "wrong engine"])
+    (drops_the_options, EngineParts(), "your engine was built with max_num_seqs=16, not the max_num_seqs=4 the caller "
+                                       "passed"),
+], ids=["slot off by one", "chunk not capped", "free forgets the pool", "parts ignored", "wrong engine",
+        "options dropped"])
 def test_capstone_checker_fails_a_planted_bug(build, parts: EngineParts, message: str) -> None:  # type: ignore[no-untyped-def]
     result = check_capstone(build, parts)
     assert result.status == "failed" and len(result.failures) == 1, result.message()

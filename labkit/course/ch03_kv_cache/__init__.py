@@ -61,7 +61,8 @@ WRITE_KV_HINTS = Hints(
          "(heads before columns), and return every column up to start + T, in the layout the model uses "
          "(columns before heads).",
     code="cache is (B, heads, max_len, d) but new is (B, T, heads, d): cache[:, :, start:start + T] = "
-         "new.transpose(1, 2); return cache[:, :, :start + T].transpose(1, 2).",
+         "new.transpose(1, 2); return cache[:, :, :start + T].transpose(1, 2) (a view of the cache: no copy "
+         "needed).",
     by_failure={
         "shape": "the result holds every token so far, laid out as (batch, tokens, heads, head_dim)",
         "returned": "the result is the cached columns followed by the new ones, in order",
@@ -75,11 +76,12 @@ WRITE_KV_HINTS = Hints(
 ATTEND_HINTS = Hints(
     concept="A decode step's query must see every earlier token and itself. Where are those keys and values when "
             "the step starts, and in which order must writing and attending happen?",
-    rule="Store this step's keys and values in the cache first, then attend over everything the cache now holds, "
-         "with the cache's mask saying which columns each query may see (the mask, not a causal flag, knows where "
-         "the new columns sit).",
-    code="k_all = self.write(self.k[layer_idx], k, self.length); v_all likewise; out = sdpa(q, k_all, v_all, "
-         "attn_mask=self.mask, is_causal=False) (transposed to (B, heads, T, d) and back).",
+    rule="Store this step's keys and values in the cache first (columns self.length onwards), then attend over "
+         "everything the cache now holds, with the cache's mask saying which columns each query may see (the mask, "
+         "not a causal flag, knows where the new columns sit). Leave self.length alone: the engine advances it.",
+    code="k_all = self.write(self.k[layer_idx], k, self.length); v_all = self.write(self.v[layer_idx], v, "
+         "self.length); return sdpa(q, k_all, v_all, mask=self.mask, is_causal=False) (sdpa takes and returns "
+         "(B, T, heads, head_dim) tensors).",
     by_failure={
         **RUN_FAILURES,
         "stopped": "attend stores this step's K/V before attending, and attends over everything cached so far",

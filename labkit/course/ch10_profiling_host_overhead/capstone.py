@@ -58,6 +58,8 @@ CAPSTONE_HINTS = Hints(
         **RUN_FAILURES,
         "return-value": "my_engine returns the LLM it built",
         "parts-not-run": "the engine must be chunked and must run exactly the parts it was given",
+        "options-dropped": "every option the caller passes (max_num_seqs, the budget, the pool, ...) reaches the "
+                           "engine unchanged, next to the parts",
     },
 )
 
@@ -107,6 +109,17 @@ def parts_problem(llm: LLM, parts: EngineParts) -> str | None:
     return None
 
 
+def options_problem(llm: LLM, options: dict[str, Any]) -> str | None:
+    """Did the engine get the options the caller passed (those its config records)?"""
+    config = llm.engine.config  # type: ignore[attr-defined]
+    for name, want in options.items():
+        got = getattr(config, name, want)
+        if got != want:
+            return (f"your engine was built with {name}={got!r}, not the {name}={want!r} the caller passed: pass the "
+                    "other options on to LLM unchanged (**options)")
+    return None
+
+
 def check_capstone(build: BuildEngine, parts: EngineParts | None = None, model: str = "labkit-tiny") -> CheckResult:
     """The capstone: ``build(parts, model, **options)`` is engine ``chunked`` with ``parts``, and it is right."""
     parts_ = parts if parts is not None else EngineParts()
@@ -122,9 +135,13 @@ def check_capstone(build: BuildEngine, parts: EngineParts | None = None, model: 
         reference_run(model)  # labkit's run first (cached): the workload still preempts and hits the prefix cache
         try:
             problem = parts_problem(llm, parts_)
-            run = run_setup(setup, model, llm=llm) if problem is None else None
+            dropped = options_problem(llm, setup.options()) if problem is None else None
+            run = run_setup(setup, model, llm=llm) if problem is None and dropped is None else None
         finally:
             llm.close()
+        if dropped:
+            check.expect(False, dropped, because="options-dropped")
+            return
         if problem or run is None:
             check.expect(False, problem or "", because="parts-not-run")
             return
