@@ -187,8 +187,13 @@ def check_stability(plan: Plan) -> dict:
     max_len = 48 + params.max_tokens + 8  # a pool of fixed size: what the run needs, whatever the device's memory
     options = dict(engine="chunked", device=plan.device, dtype=plan.dtype, max_num_seqs=plan.stability_batch,
                    max_model_len=max_len, num_gpu_blocks=plan.stability_batch * -(-max_len // 16) + 1)
+    sync_seconds = []  # the synchronous engine's time for the same work: async scheduling's gain is the ratio
     with LLM(plan.stability_model, **options) as llm:
-        reference = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        reference = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]  # warm-up too
+        for _ in range(plan.stability_runs):
+            start = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            sync_seconds.append(time.perf_counter() - start)
     runs = []
     with LLM(plan.stability_model, async_scheduling=True, **options) as llm:
         graphs = llm.engine.runner.graphs
@@ -200,7 +205,7 @@ def check_stability(plan: Plan) -> dict:
         late = (graphs.num_captures - captured) if graphs is not None else 0
     ok = all(r["same_tokens"] for r in runs) and late == 0
     return {"status": "passed" if ok else "failed", "model": plan.stability_model, "graphs": graphs is not None,
-            "runs": runs, "captures_after_start": late}
+            "runs": runs, "sync_seconds": sync_seconds, "captures_after_start": late}
 
 
 def check_kernel_registers(plan: Plan) -> dict:
@@ -305,6 +310,12 @@ def markdown(report: dict) -> str:
         lines += [f"| {i} | {r['seconds']:.2f} | {'yes' if r['same_tokens'] else 'NO'} |"
                   for i, r in enumerate(stable["runs"], 1)]
         lines += ["", f"Graphs captured after start-up: {stable['captures_after_start']}."]
+        if stable.get("sync_seconds"):
+            sync = statistics.median(stable["sync_seconds"])
+            took = statistics.median(r["seconds"] for r in stable["runs"])
+            lines += [f"The same work synchronously: median {sync:.2f} s over {len(stable['sync_seconds'])} runs; "
+                      f"async scheduling took {took / sync:.2f}x that (below 1: the host's planning hid behind the "
+                      "device's work; the synchronous runs went first, not interleaved)."]
     return "\n".join(lines) + "\n"
 
 

@@ -45,6 +45,7 @@ def test_dry_run_writes_both_reports(tmp_path: Path) -> None:
     assert attention["goal"]["measured"] is None  # batch 64 x 4096 is the GPU plan's
     stable = checks["async + graphs stability"]["detail"]
     assert all(r["same_tokens"] for r in stable["runs"]) and stable["captures_after_start"] == 0
+    assert len(stable["sync_seconds"]) == len(stable["runs"]) and min(stable["sync_seconds"]) > 0  # the baseline
     registers = checks["kernel registers (sm_90)"]["detail"]  # ptxas from the triton wheel: no GPU needed
     assert registers["spilling"] == 0 and {r["head_dim"] for r in registers["rows"]} == {64, 128}
     precision = checks["triton float32 precision"]["detail"]
@@ -133,13 +134,14 @@ def test_markdown_of_a_gpu_run() -> None:
                           "fraction_of_roof": 0.75, "kernels_per_call": 2, "max_abs_diff": 0.004}]}},
             {"name": "async + graphs stability", "status": "passed", "reason": "", "seconds": 9.0, "detail": {
                 "model": "llama3.2-1b", "graphs": True, "captures_after_start": 0,
-                "runs": [{"seconds": 1.0, "same_tokens": True}]}},
+                "runs": [{"seconds": 1.0, "same_tokens": True}], "sync_seconds": [1.25]}},
         ],
     }
     text = gpu_check.markdown(report)
     assert text.startswith("# GPU check: NVIDIA H100 80GB HBM3") and "| compute_capability | 9.0 |" in text
     assert "| 1 | yes | (graph decode) | 2.50 | 3.00 | 60.0% | 50.0% |" in text
     assert "## Stability: async scheduling + CUDA graphs (llama3.2-1b)" in text
+    assert "median 1.25 s over 1 runs; async scheduling took 0.80x that" in text
     assert "| 64 | 4096 | triton | 0.200 | 2700.0 | 75.0% | 2 | 0.004 |" in text
     assert "measured 75%: met" in text and "interpreter" not in text
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
