@@ -27,9 +27,8 @@ Rules that keep outputs identical to the synchronous engine:
 Here the device's part of a step (``ModelRunner.execute``) runs on one worker thread (the executor,
 ``make_executor``: tests swap in one that runs each step at launch): on a GPU that thread launches
 kernels while the host's Python goes on. On a CPU both threads share the cores and Python's GIL:
-``docs/benchmarks/host_overhead.md`` measured async scheduling taking 1.19x (batch 1) and 1.06x (batch
-32) the synchronous wall time per decode step there (with the earlier loop, which read step N's tokens
-on the host before launching step N+1). Its payoff needs a device that runs on its own. It is a
+``docs/benchmarks/host_overhead.md`` measured async scheduling taking 1.17x (batch 1) and 1.08x (batch
+32) the synchronous wall time per decode step there. Its payoff needs a device that runs on its own. It is a
 subclass of ``EngineCore`` that overrides ``step`` alone; ``LLM(..., async_scheduling=True)`` builds
 it. Introduced in notebook 10 (``10_profiling_host_overhead``).
 """

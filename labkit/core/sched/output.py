@@ -29,12 +29,6 @@ class SchedulerOutput:
         self.num_new_tokens.append(num_new_tokens)
         self.copies += copies
 
-    def without_finished(self) -> SchedulerOutput:
-        """The same step minus sequences that finished meanwhile (async scheduling: a stop on the pending token)."""
-        keep = [i for i, s in enumerate(self.seqs) if not s.is_finished]
-        return SchedulerOutput([self.seqs[i] for i in keep], [self.num_new_tokens[i] for i in keep], self.copies,
-                               self.num_idle_slots, self.computed_at_launch)
-
     @property
     def num_batched_tokens(self) -> int:
         return sum(self.num_new_tokens)
