@@ -218,7 +218,17 @@ def helpers_called(fn: Any, given: str) -> list[Any]:
         obj = getattr(fn, "__globals__", {}).get(name)
         if inspect.isfunction(obj) and obj.__module__.startswith("labkit") and not re.search(rf"\b{name}\b", given):
             found.append(obj)
+            if only_delegates(obj):  # a wrapper (``sample`` -> ``sample_tokens``): the work is one call further
+                found += [h for h in helpers_called(obj, given) if h not in found and h is not fn]
     return found
+
+
+def only_delegates(fn: Any) -> bool:
+    """Whether ``fn``'s body is one ``return`` statement (after its docstring): a wrapper around another call."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body  # type: ignore[attr-defined]
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    return len(body) == 1 and isinstance(body[0], ast.Return)
 
 
 def render(tasks: list[Task]) -> str:
