@@ -62,6 +62,7 @@ INTEGRATION = (
     "tests/e2e/", "tests/measure/loadgen/test_bench_scripts.py",
     "tests/measure/loadgen/test_bench_serve.py", "tests/measure/test_verdicts_under_load.py",
     "tests/measure/profiling/test_quiet_profiler.py", "tests/course/test_gpu_check.py",
+    "tests/measure/test_ct2_process.py",
     "tests/course/test_time_notebooks.py", "tests/course/test_reset.py", "tests/course/test_offline_bundle.py",
     "tests/core/reliability/test_interrupts.py", "tests/core/engine/test_stress.py",
     "tests/core/reliability/test_workers.py",
