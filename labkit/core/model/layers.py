@@ -12,7 +12,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from labkit.core.model.config import ModelConfig
-from labkit.core.model.linear import Linear, LinearKernel
+from labkit.core.model.linear import Linear, LinearKernel, gemv_kernel
+
+
+def wants_grad(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether autograd records this call (a compiled kernel has no backward)."""
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
 
 
 class RMSNorm(nn.Module):
@@ -22,9 +27,17 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.use_kernel = True  # False: always F.rms_norm (scripts/bench_quantization.py times both)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # weight * x / sqrt(mean(x^2) + eps), over the last dimension, in one fused op (F.rms_norm).
+        # weight * x / sqrt(mean(x^2) + eps), over the last dimension, in one op (F.rms_norm).
+        if self.use_kernel and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous() \
+                and not wants_grad(x, self.weight):
+            # On a CPU F.rms_norm runs as six small ops (~25 µs a row, twice per layer per decode step): labkit's C++
+            # kernel (notebook 14's module) makes one pass over the row instead, in the same order of operations.
+            kernel = gemv_kernel()
+            if kernel is not None and kernel.rms_norm is not None:
+                return kernel.rms_norm(x, self.weight, self.eps)
         if x.dtype in (torch.float32, torch.float64):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # 16-bit inputs: normalise in float32 (as the reference does), then scale in the model's dtype.

@@ -88,12 +88,15 @@ STALL_WATCH = StallWatch()  # one per process: a busy core slows every thread te
 
 @dataclass(frozen=True)
 class GemvKernel:
-    """labkit's C++ float32 GEMV kernel, as ``labkit.core.quant.gemv`` registers it. Notebook 14."""
+    """labkit's C++ float32 GEMV kernel (and the same module's RMSNorm), as ``labkit.core.quant.gemv`` registers it.
+    Notebook 14."""
 
     run: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]  # (x (B, in), weight (out, in) contiguous,
     # threads) -> (B, out); threads False: one thread (another process holds a core)
     max_rows: int  # calls with more rows (prefill) run on oneDNN
     available: Callable[[], bool]  # built (the first call may compile it); False: no compiler, fall back silently
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None  # the same module's RMSNorm
+    # (x (..., d) contiguous, weight (d,), eps) -> (..., d), float32: RMSNorm (labkit.core.model.layers) runs on it
 
 
 GEMV_KERNEL: list[GemvKernel] = []  # the registered kernel (at most one): register_gemv_kernel

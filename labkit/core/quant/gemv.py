@@ -6,7 +6,8 @@ compiler the quantized layers dequantize and call ``F.linear`` instead (correct,
 ``stream_read_bandwidth`` measures the roof these kernels are held to: one large tensor summed by the same threads.
 The float32 kernel also runs every decode-shaped float32 linear layer on a CPU: this module registers it with
 ``labkit.core.model.linear`` (``register_gemv_kernel``), which cannot import it (this package imports that one);
-there, without a compiler, the layers fall back silently to oneDNN / MKL. Introduced in notebook 14
+there, without a compiler, the layers fall back silently to oneDNN / MKL. Its RMSNorm (``rms_norm_f32``) is registered
+with it and runs ``labkit.core.model.layers.RMSNorm`` on float32 CPU rows. Introduced in notebook 14
 (``14_quantization``).
 """
 
@@ -114,4 +115,10 @@ def _float32_kernel_built() -> bool:
     return load_gemv(warn=False) is not None  # no warning: float32 layers fall back to oneDNN / MKL as before
 
 
-register_gemv_kernel(GemvKernel(run=gemv_f32, max_rows=MAX_KERNEL_ROWS, available=_float32_kernel_built))
+def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension in one pass per row: x (..., d) contiguous float32, weight (d,) -> (..., d)."""
+    return _module().rms_norm_f32(x, weight, eps)
+
+
+register_gemv_kernel(GemvKernel(run=gemv_f32, max_rows=MAX_KERNEL_ROWS, available=_float32_kernel_built,
+                                rms_norm=rms_norm_f32))
