@@ -152,13 +152,21 @@ class LinearKernel:
 
     def uses_gemv(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether this call runs on labkit's GEMV kernel: "auto", CPU, float32, few rows, no gradient wanted."""
-        if self.choice != "auto" or not self._cpu_float32(weight) or x.dtype != weight.dtype:
-            return False
+        return self._gemv_for(x, weight) is not None
+
+    def _gemv_for(self, x: torch.Tensor, weight: torch.Tensor) -> GemvKernel | None:
+        # The kernel that runs this call, or None. Every decode-shaped call of every layer asks, so the cheap tests
+        # come first and the registry is looked up once.
+        if self.choice != "auto" or weight.dtype != torch.float32 or x.dtype != torch.float32 \
+                or weight.device.type != "cpu":
+            return None
         kernel = gemv_kernel()
-        rows = x.numel() // max(1, x.shape[-1])
-        if kernel is None or not 1 <= rows <= kernel.max_rows or not weight.is_contiguous():
-            return False
-        return not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))  # the kernel has no backward
+        if kernel is None or not 1 <= x.numel() // max(1, x.shape[-1]) <= kernel.max_rows \
+                or not weight.is_contiguous():
+            return None
+        if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
+            return None  # the kernel has no backward
+        return kernel
 
     def uses_onednn(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         if not self._cpu_float32(weight) or x.dtype != weight.dtype:
@@ -173,8 +181,9 @@ class LinearKernel:
                  parts: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """``parts``: parameters whose memory ``weight`` shares (a merged layer's); writing into them (a checkpoint
         loading) bumps their version, not the weight's, so theirs count too."""
-        if self.uses_gemv(x, weight):
-            return self._gemv(x, weight, bias)
+        kernel = self._gemv_for(x, weight)
+        if kernel is not None:
+            return self._gemv(kernel, x, weight, bias)
         if not self.uses_onednn(x, weight):
             return F.linear(x, weight, bias)
         made_from = (weight.data_ptr(), (weight._version, *(p._version for p in parts)), weight.shape)
@@ -186,16 +195,20 @@ class LinearKernel:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")  # (..., out)
         return self._timed(lambda: torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], ""))
 
-    def _gemv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        kernel = GEMV_KERNEL[0]
-        x2 = x.reshape(-1, x.shape[-1])  # (B, in)
+    def _gemv(self, kernel: GemvKernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+              ) -> torch.Tensor:
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (B, in)
         if self.watch.recent():  # another process holds a core: one thread, untimed (a slower call is no stall)
             y = kernel.run(x2, weight, False)
-        else:
-            y = self._timed(lambda: kernel.run(x2, weight, True))  # (B, out)
+        else:  # _timed, inlined: this runs for every decode-shaped layer call, where a closure costs ~1 µs
+            start = time.perf_counter()
+            y = kernel.run(x2, weight, True)  # (B, out)
+            seconds = time.perf_counter() - start
+            if not self.watch.observe(seconds, self.fastest) and seconds < self.fastest:
+                self.fastest = seconds
         if bias is not None:
             y = y + bias
-        return y.reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
 
     def _timed(self, call: Callable[[], torch.Tensor]) -> torch.Tensor:
         """A decode-shaped call on a thread team, watched for a stall (the CPU runs it synchronously)."""
@@ -215,11 +228,13 @@ class Linear(nn.Linear):
         self.kernel = LinearKernel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel.wants_gemv_layout(self.weight) and self.weight.stride(0) != 1:
-            relayout(self.weight, gemv_layout)  # once (and again if the weight is replaced)
-        elif self.weight.stride(0) == 1 and not self.weight.is_contiguous() \
-                and not self.kernel.wants_gemv_layout(self.weight):
-            relayout(self.weight, torch.Tensor.contiguous)  # back to (out, in) memory (the choice changed)
+        weight = self.weight
+        if self.kernel.choice == "auto" and weight.is_contiguous() and gemv_kernel() is not None:
+            return self.kernel(x, weight, self.bias)  # the usual case, (out, in) memory as it should be: no checks
+        if self.kernel.wants_gemv_layout(weight) and weight.stride(0) != 1:
+            relayout(weight, gemv_layout)  # once (and again if the weight is replaced)
+        elif weight.stride(0) == 1 and not weight.is_contiguous() and not self.kernel.wants_gemv_layout(weight):
+            relayout(weight, torch.Tensor.contiguous)  # back to (out, in) memory (the choice changed)
         return self.kernel(x, self.weight, self.bias)
 
 
