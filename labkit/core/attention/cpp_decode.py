@@ -1,7 +1,8 @@
 """The ``"cpp"`` attention backend: decodes read K/V in place from the paged pool with a compiled C++ kernel (CPU).
 
-``csrc/paged_decode_cpu.cpp`` is vLLM's CPU paged attention in miniature: one task per (sequence, KV head), run in
-parallel by PyTorch's OpenMP threads, walks the sequence's blocks in table order with an online softmax. Nothing is
+``csrc/paged_decode_cpu.cpp`` is vLLM's CPU paged attention in miniature: one task per (sequence, KV head) and run of
+blocks (a split, when there are fewer tasks than threads can share evenly), run in parallel by PyTorch's OpenMP
+threads, walks its blocks in table order with an online softmax; splits are merged by the log-sum-exp rule. Nothing is
 gathered or padded, unlike the PyTorch backend's ``split_decode_attention`` (the same math, one copy per block).
 The kernel is compiled with ``torch.utils.cpp_extension`` the first time a ``"cpp"`` backend is built (about a
 minute, once per machine: the build is kept under ``~/.cache/labkit/torch_extensions``, or ``$LABKIT_EXTENSIONS_DIR``).
@@ -162,18 +163,37 @@ def fallback_warning(reason: str) -> None:
                   stacklevel=4)
 
 
+MIN_SPLIT_BLOCKS = 4  # the fewest blocks a split reads: below, merging costs more than the extra thread saves
+
+
+def decode_splits(tasks: int, threads: int, max_blocks: int) -> int:
+    """How many runs of blocks to cut each sequence's context into, so that ``threads`` share the work evenly: with
+    few (sequence, KV head) ``tasks`` (3 at batch 1 on a model with 3 KV heads) two threads would split them 2 to 1;
+    two splits each make 6, shared 3 to 3. Many tasks (a batch) balance without splits. Each split keeps at least
+    ``MIN_SPLIT_BLOCKS`` of the longest context's ``max_blocks``."""
+    if threads <= 1 or tasks >= 4 * threads:
+        return 1
+    splits = next(s for s in range(1, threads + 1) if tasks * s >= threads and tasks * s % threads == 0)
+    return max(1, min(splits, max_blocks // MIN_SPLIT_BLOCKS))
+
+
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor, parallel: bool = True) -> torch.Tensor:
+                           context_lens: torch.Tensor, parallel: bool = True,
+                           num_splits: int | None = None) -> torch.Tensor:
     """One new token per sequence, K/V read in place: q (B, n_heads, d) -> (B, n_heads, d). k_pool, v_pool:
     (num_blocks, block_size, n_kv, d) float32 or float64; block_tables (B, W) and context_lens (B,), int32 or int64.
-    ``parallel=False`` runs it on one thread. Raises RuntimeError where the kernel cannot be built (``cpp_missing()``
-    says why)."""
+    ``parallel=False`` runs it on one thread. ``num_splits``: runs of blocks per sequence (default: ``decode_splits``
+    for this many threads and the table's width; 1 on one thread). Raises RuntimeError where the kernel cannot be
+    built (``cpp_missing()`` says why)."""
     module = load_extension()
     if module is None:
         raise RuntimeError(f"labkit's C++ decode kernel is not available: {cpp_missing()}")
     tasks = q.shape[0] * k_pool.shape[2]  # (sequence, KV head) pairs
-    grain = 1 if parallel else max(1, tasks)  # one thread: no waiting for another (StallWatch)
-    return module.paged_decode(q.contiguous(), k_pool, v_pool, block_tables, context_lens, q.shape[-1] ** -0.5, grain)
+    if num_splits is None:
+        num_splits = decode_splits(tasks, torch.get_num_threads(), block_tables.shape[1]) if parallel else 1
+    grain = 1 if parallel else max(1, tasks * num_splits)  # one thread: no waiting for another (StallWatch)
+    return module.paged_decode(q.contiguous(), k_pool, v_pool, block_tables, context_lens, q.shape[-1] ** -0.5, grain,
+                               num_splits)
 
 
 @dataclass
@@ -182,6 +202,7 @@ class CppDecodeBatch:
 
     block_tables: torch.Tensor  # (B, W) int32, each table padded with block 0 to the widest
     context_lens: torch.Tensor  # (B,) int32
+    num_splits: int  # runs of blocks per sequence on a thread team (decode_splits)
 
 
 class CppAttentionBackend(TorchAttentionBackend):
@@ -195,6 +216,7 @@ class CppAttentionBackend(TorchAttentionBackend):
     def __init__(self, pool: PagedKVPool, meta: PagedAttentionMetadata) -> None:
         super().__init__(pool, meta)
         self.cpp_decode: CppDecodeBatch | None = None
+        self.writes_kv = False
         if not self.kernel_applies(pool) or self.decode is None:  # builds the kernel on first use, in every case
             return
         rows = [i for i, n in enumerate(meta.query_lens) if n == 1]
@@ -202,7 +224,22 @@ class CppAttentionBackend(TorchAttentionBackend):
         width = max(-(-c // pool.block_size) for c in lens)
         tables = [meta.block_tables[i][:width] + [0] * (width - len(meta.block_tables[i][:width])) for i in rows]
         host = torch.tensor([t + [c] for t, c in zip(tables, lens)], dtype=torch.int32)  # (B, W + 1): one tensor
-        self.cpp_decode = CppDecodeBatch(host[:, :width], host[:, width].contiguous())
+        splits = decode_splits(len(rows) * pool.k[0].shape[2], torch.get_num_threads(), width)
+        self.cpp_decode = CppDecodeBatch(host[:, :width], host[:, width].contiguous(), splits)
+        slots = meta.slot_mapping
+        # A decode-only step writes its new K/V with the same module (one call instead of two indexed assignments).
+        self.writes_kv = self.only_decodes and slots.dtype == torch.int64 and slots.device.type == "cpu" \
+            and slots.is_contiguous()
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: (1, N, n_heads, d); k, v: (1, N, n_kv_heads, d) -- every sequence's new token
+        k_pool, v_pool = self.pool.k[layer_idx], self.pool.v[layer_idx]
+        if self.cpp_decode is None or not self.writes_kv or not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+            return super().attend(layer_idx, q, k, v)
+        module = load_extension()
+        assert module is not None  # cpp_decode is set only where the kernel loaded
+        module.write_kv(k_pool, v_pool, k[0], v[0], self.meta.slot_mapping)  # as the parent's two assignments
+        return self._attend_decodes(q[0], k_pool, v_pool)[None]
 
     @staticmethod
     def kernel_applies(pool: PagedKVPool) -> bool:
@@ -221,6 +258,7 @@ class CppAttentionBackend(TorchAttentionBackend):
         if self.cpp_decode is None:
             return super()._attend_decodes(q, k_pool, v_pool)
         d = self.cpp_decode  # one thread while another process holds a core: threads would wait for it every call
-        return paged_decode_attention(q, k_pool, v_pool, d.block_tables, d.context_lens,
-                                      parallel=not STALL_WATCH.recent())
+        parallel = not STALL_WATCH.recent()
+        return paged_decode_attention(q, k_pool, v_pool, d.block_tables, d.context_lens, parallel=parallel,
+                                      num_splits=d.num_splits if parallel else 1)
 

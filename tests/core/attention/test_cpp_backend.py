@@ -90,8 +90,9 @@ def test_kernel_equals_split_decode_and_sdpa(kernel: ModuleType, dtype: torch.dt
     width = max(len(t) for t in tables) + 2  # wider than needed: columns past a context are never read
     padded = torch.tensor([t + [10**6] * (width - len(t)) for t in tables], dtype=index_dtype)  # junk ids past the end
     got = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, torch.tensor(lens, dtype=index_dtype))
+    splits = cpp_decode.decode_splits(len(lens) * n_kv, torch.get_num_threads(), width)
     one_thread = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, torch.tensor(lens, dtype=index_dtype),
-                                                   parallel=False)
+                                                   parallel=False, num_splits=splits)
     torch.testing.assert_close(one_thread, got, rtol=0, atol=0)  # each task's arithmetic is the same on any thread
     split = split_decode_attention(q, k_pool, v_pool, split_decode_blocks(tables, lens, block_size, n_kv, dtype,
                                                                           q.device))
@@ -103,16 +104,80 @@ def test_kernel_equals_split_decode_and_sdpa(kernel: ModuleType, dtype: torch.dt
     torch.testing.assert_close(got[0], v_pool[tables[0][0], 0].repeat_interleave(group, 0), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40])  # 40: more splits than any sequence has blocks
+def test_splits_merge_to_the_same_attention(kernel: ModuleType, dtype: torch.dtype, num_splits: int) -> None:
+    """A sequence's blocks cut into runs, each run's (m, l, o) merged by the log-sum-exp rule: the same output as
+    one run (and SDPA), on a thread team and on one thread alike; a split without blocks counts for nothing."""
+    gen = torch.Generator().manual_seed(num_splits)
+    block_size, n_kv, group, d = 16, 3, 3, 64  # smollm2-135m's attention shape
+    lens = [1, 17, 300, 64]
+    k_pool, v_pool, tables = random_pool(block_size, n_kv, d, dtype, lens, gen)
+    q = torch.randn(len(lens), n_kv * group, d, generator=gen, dtype=dtype)
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    got = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, ctx, num_splits=num_splits)
+    one_thread = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, ctx, parallel=False,
+                                                   num_splits=num_splits)
+    torch.testing.assert_close(one_thread, got, rtol=0, atol=0)
+    tol = dict(rtol=2e-5, atol=2e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, sdpa_reference(q, k_pool, v_pool, tables, lens), **tol)
+    whole = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, ctx, num_splits=1)
+    torch.testing.assert_close(got, whole, **tol)
+
+
+@pytest.mark.parametrize("tasks,threads,max_blocks,want", [
+    (3, 2, 19, 2),  # batch 1, 3 KV heads, 2 threads: 6 tasks, 3 each instead of 2 and 1
+    (2, 2, 19, 1),  # already even
+    (1, 2, 19, 2),  # one KV head: two halves
+    (5, 4, 64, 4),  # 20 tasks: 5 each
+    (3, 2, 7, 1),  # a short context: splits of fewer than MIN_SPLIT_BLOCKS blocks cost more than they save
+    (3, 1, 19, 1),  # one thread
+    (16, 2, 19, 1),  # a batch balances without splits
+])
+def test_decode_splits_share_the_tasks_evenly(tasks: int, threads: int, max_blocks: int, want: int) -> None:
+    assert cpp_decode.decode_splits(tasks, threads, max_blocks) == want
+
+
+def test_write_kv_equals_indexed_assignment_and_checks_slots(kernel: ModuleType) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        k_pool, v_pool = torch.zeros(6, 4, 2, 8, dtype=dtype), torch.zeros(6, 4, 2, 8, dtype=dtype)
+        merged = torch.randn(8, 3, 2, 8, generator=gen, dtype=dtype)  # (tokens, [q, k, v], n_kv, d)
+        k, v = merged[:5, 1], merged[:5, 2]  # strided views, as a merged q/k/v output's
+        slots = torch.tensor([3, 0, 23, 9, 10])
+        kernel.write_kv(k_pool, v_pool, k, v, slots)
+        want_k, want_v = torch.zeros_like(k_pool), torch.zeros_like(v_pool)
+        want_k.flatten(0, 1)[slots] = k
+        want_v.flatten(0, 1)[slots] = v
+        assert torch.equal(k_pool, want_k) and torch.equal(v_pool, want_v)
+    pool = torch.zeros(6, 4, 2, 8)
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[1\] = 24 is outside the pool's 24 slots"):
+        kernel.write_kv(pool, pool.clone(), torch.zeros(2, 2, 8), torch.zeros(2, 2, 8), torch.tensor([0, 24]))
+    with pytest.raises(RuntimeError, match="slot_mapping must be a contiguous"):
+        kernel.write_kv(pool, pool.clone(), torch.zeros(1, 2, 8), torch.zeros(1, 2, 8),
+                        torch.tensor([0], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        kernel.write_kv(pool, pool.clone(), torch.zeros(1, 2, 8, dtype=torch.float64), torch.zeros(1, 2, 8),
+                        torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="with the pool's n_kv_heads 2 and d 8"):
+        kernel.write_kv(pool, pool.clone(), torch.zeros(1, 3, 8), torch.zeros(1, 3, 8), torch.tensor([0]))
+    assert not pool.any()  # nothing written by a rejected call
+
+
 def test_kernel_rejects_a_table_that_does_not_fit(kernel: ModuleType) -> None:
     q, pool = torch.randn(1, 4, 8), torch.randn(3, 4, 2, 8)
     with pytest.raises(RuntimeError, match=r"block_tables\[0, 1\] = 7 is outside the pool's 3 blocks"):
-        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 7]]), torch.tensor([6]), 1.0, 1)
+        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 7]]), torch.tensor([6]), 1.0, 1, 1)
     with pytest.raises(RuntimeError, match="context_lens\\[0\\] = 9 needs 3 blocks of 4 but block_tables has 2"):
-        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 1]]), torch.tensor([9]), 1.0, 1)
+        kernel.paged_decode(q, pool, pool, torch.tensor([[0, 1]]), torch.tensor([9]), 1.0, 1, 1)
     with pytest.raises(RuntimeError, match="grain_size must be at least 1, got 0"):
-        kernel.paged_decode(q, pool, pool, torch.tensor([[0]]), torch.tensor([1]), 1.0, 0)
+        kernel.paged_decode(q, pool, pool, torch.tensor([[0]]), torch.tensor([1]), 1.0, 0, 1)
+    with pytest.raises(RuntimeError, match="num_splits must be between 1 and 1024, got 0"):
+        kernel.paged_decode(q, pool, pool, torch.tensor([[0]]), torch.tensor([1]), 1.0, 1, 0)
     with pytest.raises(RuntimeError, match="float32 or float64"):
-        kernel.paged_decode(q.half(), pool.half(), pool.half(), torch.tensor([[0]]), torch.tensor([1]), 1.0, 1)
+        kernel.paged_decode(q.half(), pool.half(), pool.half(), torch.tensor([[0]]), torch.tensor([1]), 1.0, 1, 1)
 
 
 def test_kernel_rejects_an_empty_block_or_no_kv_heads(kernel: ModuleType) -> None:
@@ -120,7 +185,7 @@ def test_kernel_rejects_an_empty_block_or_no_kv_heads(kernel: ModuleType) -> Non
     q, table, lens = torch.randn(1, 4, 8), torch.tensor([[0]]), torch.tensor([1])
     for pool in (torch.randn(3, 0, 2, 8), torch.randn(3, 4, 0, 8)):  # block_size 0; n_kv_heads 0
         with pytest.raises(RuntimeError, match="the pools need block_size >= 1 and n_kv_heads >= 1"):
-            kernel.paged_decode(q, pool, pool, table, lens, 1.0, 1)
+            kernel.paged_decode(q, pool, pool, table, lens, 1.0, 1, 1)
 
 
 @pytest.mark.parametrize("query_lens,context_lens", [
@@ -145,6 +210,7 @@ def test_a_step_equals_the_torch_backend(kernel: ModuleType, query_lens: list[in
     want = TorchAttentionBackend(pools[0], meta).attend(1, q, k, v)
     backend = CppAttentionBackend(pools[1], meta)
     assert backend.cpp_decode is not None  # the kernel, not the fallback, serves the decodes
+    assert backend.writes_kv == all(n == 1 for n in query_lens)  # a decode-only step writes K/V in C++ too
     torch.testing.assert_close(backend.attend(1, q, k, v), want, rtol=1e-5, atol=1e-5)
     assert torch.equal(pools[1].k[1], pools[0].k[1]) and torch.equal(pools[1].v[1], pools[0].v[1])
 
@@ -315,9 +381,10 @@ def test_decodes_run_on_one_thread_while_another_process_holds_a_core(kernel: Mo
     seen: list[bool] = []
     original = cpp_decode.paged_decode_attention
 
-    def spy(*args: object, parallel: bool = True) -> torch.Tensor:
+    def spy(*args: object, parallel: bool = True, num_splits: int | None = None) -> torch.Tensor:
         seen.append(parallel)
-        return original(*args, parallel=parallel)  # type: ignore[arg-type]
+        assert parallel or num_splits == 1  # one thread: nothing to share out
+        return original(*args, parallel=parallel, num_splits=num_splits)  # type: ignore[arg-type]
 
     monkeypatch.setattr(cpp_decode, "paged_decode_attention", spy)
     # The watch's verdict is injected: left to the clock, a loaded machine (CI, a sanitizer build) trips it for real

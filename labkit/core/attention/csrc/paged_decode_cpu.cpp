@@ -1,17 +1,23 @@
 // Paged decode attention on the CPU: one new token per sequence, K/V read in place from the block pool.
 //
-// Each (sequence, KV head) pair is one task for at::parallel_for (OpenMP threads, as many as
-// torch.get_num_threads()). A task walks its sequence's blocks in table order, up to its context length, and keeps
-// an online softmax for every query head of the KV head's group: a running max m, a running sum l of exp(s - m) and
-// an accumulator o of exp(s - m) * v, rescaled by exp(m_old - m_new) whenever the max grows. No block is copied and
-// no slot past the context is read. The same math as labkit.core.attention.decode.split_decode_attention, with the merge
-// done block by block. Built by labkit/core/attention/cpp_decode.py; introduced in notebook 06.
+// Each (sequence, KV head, split) triple is one task for at::parallel_for (OpenMP threads, as many as
+// torch.get_num_threads()). A split is a contiguous run of the sequence's blocks (split-KV flash decoding, notebook
+// 11's shape): at batch 1 a model with 3 KV heads has 3 tasks, which 2 threads would share 2 to 1; cut in two splits
+// each, 6 tasks share 3 to 3, and a long context is read by every thread at once. A task walks its blocks in table
+// order and keeps an online softmax for every query head of the KV head's group: a running max m, a running sum l
+// of exp(s - m) and an accumulator o of exp(s - m) * v, rescaled by exp(m_old - m_new) whenever the max grows. With
+// one split it writes o / l; with several, each split's (m, l, o) is merged per (sequence, head) afterwards:
+// weights exp(m - M) with M the largest m, output sum(w * o) / sum(w * l) (the log-sum-exp rule of notebook 06).
+// No block is copied and no slot past the context is read. Built by labkit/core/attention/cpp_decode.py;
+// introduced in notebook 06.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -20,7 +26,8 @@ namespace {
 
 constexpr int64_t kLanes = 8;  // independent partial sums: the compiler turns them into one vector register
 
-// q . k over head_dim, with kLanes partial sums so it vectorises without reordering a single sum.
+// q . k over head_dim, with kLanes partial sums so it vectorises, added pairwise at the end (a chain of kLanes
+// scalar adds would cost more than the products).
 template <typename scalar_t, typename acc_t>
 inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t d) {
   acc_t part[kLanes] = {};
@@ -29,14 +36,51 @@ inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t d) {
     for (int64_t j = 0; j < kLanes; ++j) part[j] += static_cast<acc_t>(a[i + j]) * static_cast<acc_t>(b[i + j]);
   acc_t sum = 0;
   for (; i < d; ++i) sum += static_cast<acc_t>(a[i]) * static_cast<acc_t>(b[i]);
-  for (int64_t j = 0; j < kLanes; ++j) sum += part[j];
-  return sum;
+  for (int64_t width = kLanes / 2; width > 0; width /= 2)
+    for (int64_t j = 0; j < width; ++j) part[j] += part[j + width];
+  return sum + part[0];
 }
+
+// Ask for a block's rows of one KV head ahead of use: the blocks of a table lie anywhere in the pool, so the
+// hardware's stride prefetcher cannot guess the next one, and a decode reads each row from memory exactly once.
+template <typename scalar_t>
+inline void prefetch_rows(const scalar_t* first, int64_t rows, int64_t row_stride, int64_t d) {
+  const char* p = reinterpret_cast<const char*>(first);
+  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(scalar_t)), stride_bytes = row_stride * sizeof(scalar_t);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + t * stride_bytes + off, 0, 3);
+}
+
+// exp(x) for x <= 0 in float32 without a library call, so a loop over a block's scores vectorises (std::exp is one
+// call per score: a third of the kernel's time on a CPU). 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r
+// by Cephes' degree-6 polynomial: within 2 ulp of std::exp. Below -87.3 (where e^x underflows float32's normal
+// range) it returns e^-87.3 ~ 1e-38: weights that small vanish against the largest, exp(0) = 1, in any sum.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.3f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n * ln 2, ln 2 split in two for accuracy
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n as a float's exponent field
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+inline double exp_nonpositive(double x) { return std::exp(x); }  // float64 keeps the library's exp: the exact path
+
+// The blocks [first, last) of split s when a sequence's n_blocks are cut into num_splits near-equal runs.
+inline int64_t split_start(int64_t n_blocks, int64_t s, int64_t num_splits) { return n_blocks * s / num_splits; }
 
 template <typename scalar_t, typename index_t>
 void decode_kernel(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
                    const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
-                   int64_t grain_size, torch::Tensor& out) {
+                   int64_t grain_size, int64_t num_splits, torch::Tensor& out) {
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
   const int64_t batch = q.size(0), n_heads = q.size(1), d = q.size(2);
   const int64_t block_size = k_pool.size(1), n_kv = k_pool.size(2), group = n_heads / n_kv;
@@ -48,49 +92,98 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k_pool, const to
   const index_t* tables = block_tables.data_ptr<index_t>();
   const index_t* lens = context_lens.data_ptr<index_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
+  const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
+  // Several splits: each task's (m, l, o) per query head of its group, merged below. (tasks, group, d + 2)
+  std::vector<acc_t> partial(num_splits > 1 ? batch * n_kv * num_splits * group * (d + 2) : 0);
 
-  // grain_size >= batch * n_kv: one thread (the caller's choice for small work, or while another process holds a core)
-  at::parallel_for(0, batch * n_kv, grain_size, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> acc(group * d), m(group), l(group), scores(block_size);  // per thread, reused per task
+  // grain_size >= the number of tasks: one thread (the caller's choice for small work, or while another process
+  // holds a core)
+  at::parallel_for(0, batch * n_kv * num_splits, grain_size, [&](int64_t begin, int64_t end) {
+    // per thread, reused per task: o for the group, m and l per head, a block's scores then weights per head
+    std::vector<acc_t> acc(group * d), m(group), l(group), scores(group * block_size);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / n_kv, kv = task % n_kv;
-      const int64_t ctx = lens[b];
+      const int64_t b = task / (n_kv * num_splits), kv = task / num_splits % n_kv, s = task % num_splits;
+      const int64_t ctx = lens[b], n_blocks = (ctx + block_size - 1) / block_size;
       const scalar_t* q_group = q_ptr + (b * n_heads + kv * group) * d;  // (group, d): heads kv*group ...
       std::fill(acc.begin(), acc.end(), acc_t(0));
-      std::fill(m.begin(), m.end(), -std::numeric_limits<acc_t>::infinity());
+      std::fill(m.begin(), m.end(), neg_inf);
       std::fill(l.begin(), l.end(), acc_t(0));
-      for (int64_t j = 0; j * block_size < ctx; ++j) {
+      const int64_t last = split_start(n_blocks, s + 1, num_splits);
+      for (int64_t j = split_start(n_blocks, s, num_splits); j < last; ++j) {
         const int64_t block = tables[b * table_stride + j];
         const int64_t n_valid = std::min(block_size, ctx - j * block_size);  // slots holding context
         const scalar_t* k_block = k_ptr + block * block_size * slot_stride + kv * d;  // slot t at + t * slot_stride
         const scalar_t* v_block = v_ptr + block * block_size * slot_stride + kv * d;
+        if (j + 1 < last) {  // the next block's rows, while this one is computed
+          const int64_t next = tables[b * table_stride + j + 1];
+          const int64_t next_valid = std::min(block_size, ctx - (j + 1) * block_size);
+          prefetch_rows(k_ptr + next * block_size * slot_stride + kv * d, next_valid, slot_stride, d);
+          prefetch_rows(v_ptr + next * block_size * slot_stride + kv * d, next_valid, slot_stride, d);
+        }
+        for (int64_t t = 0; t < n_valid; ++t)  // each key row read from memory once, for every head of the group
+          for (int64_t g = 0; g < group; ++g)
+            scores[g * block_size + t] = dot<scalar_t, acc_t>(q_group + g * d, k_block + t * slot_stride, d) *
+                                         static_cast<acc_t>(scale);
         for (int64_t g = 0; g < group; ++g) {
-          const scalar_t* qg = q_group + g * d;
-          acc_t block_max = -std::numeric_limits<acc_t>::infinity();
-          for (int64_t t = 0; t < n_valid; ++t) {
-            scores[t] = dot<scalar_t, acc_t>(qg, k_block + t * slot_stride, d) * static_cast<acc_t>(scale);
-            block_max = std::max(block_max, scores[t]);
-          }
+          acc_t* sg = scores.data() + g * block_size;
+          acc_t block_max = neg_inf;
+          for (int64_t t = 0; t < n_valid; ++t) block_max = std::max(block_max, sg[t]);
           const acc_t new_m = std::max(m[g], block_max);  // finite: every block holds >= 1 context slot
-          const acc_t rescale = std::exp(m[g] - new_m);  // exp(-inf) = 0 on the first block
+          const acc_t rescale = std::exp(m[g] - new_m);  // exp(-inf) = 0 on the split's first block
+          acc_t sum = 0;
+          for (int64_t t = 0; t < n_valid; ++t) {  // scores become weights in place (a vector loop for float32)
+            sg[t] = exp_nonpositive(sg[t] - new_m);
+            sum += sg[t];
+          }
           acc_t* o = acc.data() + g * d;
           for (int64_t i = 0; i < d; ++i) o[i] *= rescale;
-          acc_t sum = l[g] * rescale;
-          for (int64_t t = 0; t < n_valid; ++t) {
-            const acc_t p = std::exp(scores[t] - new_m);
-            sum += p;
-            const scalar_t* vt = v_block + t * slot_stride;
-            for (int64_t i = 0; i < d; ++i) o[i] += p * static_cast<acc_t>(vt[i]);
-          }
-          l[g] = sum;
+          l[g] = l[g] * rescale + sum;
           m[g] = new_m;
         }
+        for (int64_t t = 0; t < n_valid; ++t) {  // each value row read from memory once, for every head
+          const scalar_t* vt = v_block + t * slot_stride;
+          for (int64_t g = 0; g < group; ++g) {
+            const acc_t p = scores[g * block_size + t];
+            acc_t* o = acc.data() + g * d;
+            for (int64_t i = 0; i < d; ++i) o[i] += p * static_cast<acc_t>(vt[i]);
+          }
+        }
       }
-      scalar_t* out_group = out_ptr + (b * n_heads + kv * group) * d;
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = 0; i < d; ++i) out_group[g * d + i] = static_cast<scalar_t>(acc[g * d + i] / l[g]);
+      if (num_splits == 1) {
+        scalar_t* out_group = out_ptr + (b * n_heads + kv * group) * d;
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t i = 0; i < d; ++i) out_group[g * d + i] = static_cast<scalar_t>(acc[g * d + i] / l[g]);
+        continue;
+      }
+      acc_t* mine = partial.data() + task * group * (d + 2);  // per head: m, l, then o (d)
+      for (int64_t g = 0; g < group; ++g) {
+        mine[g * (d + 2)] = m[g];
+        mine[g * (d + 2) + 1] = l[g];
+        std::copy(acc.begin() + g * d, acc.begin() + (g + 1) * d, mine + g * (d + 2) + 2);
+      }
     }
   });
+  if (num_splits == 1) return;
+  // The merge, per (sequence, query head): small (num_splits x d per head), on the calling thread.
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t kv = h / group, g = h % group;
+      const acc_t* first = partial.data() + ((b * n_kv + kv) * num_splits * group + g) * (d + 2);
+      const int64_t split_stride = group * (d + 2);
+      acc_t big_m = neg_inf;
+      for (int64_t s = 0; s < num_splits; ++s) big_m = std::max(big_m, first[s * split_stride]);
+      acc_t total = 0;
+      std::vector<acc_t> o(d, acc_t(0));
+      for (int64_t s = 0; s < num_splits; ++s) {
+        const acc_t* part = first + s * split_stride;
+        if (part[1] == acc_t(0)) continue;  // a split with no block (fewer blocks than splits): m = -inf, l = 0
+        const acc_t w = std::exp(part[0] - big_m);
+        total += w * part[1];
+        for (int64_t i = 0; i < d; ++i) o[i] += w * part[2 + i];
+      }
+      scalar_t* dst = out_ptr + (b * n_heads + h) * d;
+      for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<scalar_t>(o[i] / total);
+    }
 }
 
 template <typename index_t>
@@ -112,13 +205,56 @@ void check_tables(const torch::Tensor& block_tables, const torch::Tensor& contex
   }
 }
 
+template <typename scalar_t>
+void write_slots(torch::Tensor& pool, const torch::Tensor& x, const int64_t* slots) {
+  const int64_t n = x.size(0), n_kv = x.size(1), d = x.size(2);
+  const int64_t s0 = x.stride(0), s1 = x.stride(1), s2 = x.stride(2);
+  const scalar_t* src = x.data_ptr<scalar_t>();
+  scalar_t* dst = pool.data_ptr<scalar_t>();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < n_kv; ++h) {
+      scalar_t* slot = dst + (slots[t] * n_kv + h) * d;  // pool (num_blocks * block_size, n_kv, d), contiguous
+      const scalar_t* row = src + t * s0 + h * s1;
+      for (int64_t i = 0; i < d; ++i) slot[i] = row[i * s2];
+    }
+}
+
 }  // namespace
 
+// vLLM's reshape_and_cache: each new token's K and V, k / v (N, n_kv, d) of any strides, into its slot of the pools
+// (num_blocks, block_size, n_kv, d); slot_mapping (N,) int64, slot s = block s / block_size, position s % block_size.
+// One call instead of two indexed assignments from Python (~9 us for a decode's token).
+void write_kv(torch::Tensor& k_pool, torch::Tensor& v_pool, const torch::Tensor& k, const torch::Tensor& v,
+              const torch::Tensor& slot_mapping) {
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.is_contiguous() &&
+              v_pool.is_contiguous(), "k_pool and v_pool must be contiguous (num_blocks, block_size, n_kv_heads, d) "
+              "tensors of one shape");
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k.size(1) == k_pool.size(2) && k.size(2) == k_pool.size(3),
+              "k and v must be (N, n_kv_heads, d) with the pool's n_kv_heads ", k_pool.size(2), " and d ",
+              k_pool.size(3));
+  TORCH_CHECK(k.scalar_type() == k_pool.scalar_type() && v.scalar_type() == k_pool.scalar_type() &&
+              v_pool.scalar_type() == k_pool.scalar_type(), "k, v and the pools must have the same dtype");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0) && slot_mapping.is_contiguous() &&
+              slot_mapping.scalar_type() == torch::kInt64, "slot_mapping must be a contiguous (N,) int64 tensor");
+  TORCH_CHECK(k_pool.device().is_cpu() && v_pool.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() &&
+              slot_mapping.device().is_cpu(), "write_kv runs on the CPU");
+  const int64_t num_slots = k_pool.size(0) * k_pool.size(1);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < k.size(0); ++t)
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot_mapping[", t, "] = ", slots[t], " is outside the pool's ",
+                num_slots, " slots");
+  AT_DISPATCH_FLOATING_TYPES(k.scalar_type(), "write_kv", [&] {
+    write_slots<scalar_t>(k_pool, k, slots);
+    write_slots<scalar_t>(v_pool, v, slots);
+  });
+}
+
 // q (B, n_heads, d), k_pool / v_pool (num_blocks, block_size, n_kv, d), block_tables (B, W), context_lens (B,)
-// -> (B, n_heads, d); grain_size: the fewest (sequence, KV head) tasks one thread takes (at::parallel_for's)
+// -> (B, n_heads, d); grain_size: the fewest (sequence, KV head, split) tasks one thread takes (at::parallel_for's);
+// num_splits: the runs of blocks each sequence's context is cut into (1: one task per sequence and KV head)
 torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
                            const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
-                           int64_t grain_size) {
+                           int64_t grain_size, int64_t num_splits) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && v_pool.dim() == 4, "q must be (B, n_heads, d) and the pools "
               "(num_blocks, block_size, n_kv_heads, d)");
   TORCH_CHECK(q.device().is_cpu() && k_pool.device().is_cpu() && v_pool.device().is_cpu() &&
@@ -142,6 +278,7 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, 
   TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == q.size(0) && context_lens.is_contiguous(),
               "context_lens must be a contiguous (B,) tensor");
   TORCH_CHECK(grain_size >= 1, "grain_size must be at least 1, got ", grain_size);
+  TORCH_CHECK(num_splits >= 1 && num_splits <= 1024, "num_splits must be between 1 and 1024, got ", num_splits);
   TORCH_CHECK(block_tables.scalar_type() == context_lens.scalar_type() &&
               (block_tables.scalar_type() == torch::kInt32 || block_tables.scalar_type() == torch::kInt64),
               "block_tables and context_lens must both be int32 or both int64");
@@ -150,12 +287,15 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, 
   if (int32) check_tables<int32_t>(block_tables, context_lens, k_pool.size(0), k_pool.size(1));
   else check_tables<int64_t>(block_tables, context_lens, k_pool.size(0), k_pool.size(1));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "paged_decode", [&] {
-    if (int32) decode_kernel<scalar_t, int32_t>(q, k_pool, v_pool, block_tables, context_lens, scale, grain_size, out);
-    else decode_kernel<scalar_t, int64_t>(q, k_pool, v_pool, block_tables, context_lens, scale, grain_size, out);
+    if (int32) decode_kernel<scalar_t, int32_t>(q, k_pool, v_pool, block_tables, context_lens, scale, grain_size,
+                                                  num_splits, out);
+    else decode_kernel<scalar_t, int64_t>(q, k_pool, v_pool, block_tables, context_lens, scale, grain_size,
+                                               num_splits, out);
   });
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "Paged decode attention, K/V read in place (labkit, notebook 06)");
+  m.def("write_kv", &write_kv, "New tokens' K/V into their pool slots (vLLM's reshape_and_cache; labkit, notebook 06)");
 }
