@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend
 
 from labkit.core.model.config import ModelConfig
-from labkit.core.model.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from labkit.core.model.layers import MergedLinear, RMSNorm, RotaryEmbedding, decode_kernel
 from labkit.core.model.linear import Linear
 
 
@@ -180,15 +180,22 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, t, _ = x.shape  # (B, T, hidden)
         # = self.q_proj(x), self.k_proj(x), self.v_proj(x) side by side, each head's head_dim values together
-        qkv = self.qkv_proj.merged(x).view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        merged = self.qkv_proj.merged(x)  # (B, T, (n_heads + 2 * n_kv_heads) * head_dim)
+        qkv = merged.view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
         heads = [self.n_heads, self.n_kv_heads, self.n_kv_heads]
+        rotated = self.n_heads + self.n_kv_heads
+        kernel = decode_kernel(merged) if self.q_norm is None and cos.shape[:2] == (b, t) else None
         if self.q_norm is not None and self.k_norm is not None:  # (Qwen3) each has its own norm first
             q, k, v = qkv.split(heads, dim=2)
             q, k = self.q_norm(q), self.k_norm(k)
             q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+        elif kernel is not None and kernel.rope is not None:  # the same in one C++ pass (float32 CPU decode)
+            qk = kernel.rope(merged.reshape(b * t, -1), cos.reshape(b * t, -1), sin.reshape(b * t, -1), rotated)
+            q, k = qk.view(b, t, rotated, self.head_dim).split(heads[:2], dim=2)
+            v = qkv[:, :, rotated:]  # (B, T, n_kv_heads, head_dim)
         else:  # q's and k's heads sit side by side: rotate them in one go (3 ops instead of 6)
-            qk = RotaryEmbedding.apply(qkv[:, :, : self.n_heads + self.n_kv_heads], cos, sin)
+            qk = RotaryEmbedding.apply(qkv[:, :, :rotated], cos, sin)
             q, k = qk.split(heads[:2], dim=2)  # (B, T, n_heads, head_dim), (B, T, n_kv_heads, head_dim)
-            v = qkv[:, :, self.n_heads + self.n_kv_heads :]  # (B, T, n_kv_heads, head_dim)
+            v = qkv[:, :, rotated:]  # (B, T, n_kv_heads, head_dim)
         out = backend.attend(self.layer_idx, q, k, v)  # (B, T, n_heads, head_dim)
         return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))

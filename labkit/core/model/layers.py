@@ -12,12 +12,24 @@ from torch import nn
 from torch.nn import functional as F
 
 from labkit.core.model.config import ModelConfig
-from labkit.core.model.linear import Linear, LinearKernel, gemv_kernel
+from labkit.core.model.linear import GemvKernel, Linear, LinearKernel, gemv_kernel
 
 
 def wants_grad(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether autograd records this call (a compiled kernel has no backward)."""
     return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+
+
+def decode_kernel(x: torch.Tensor) -> GemvKernel | None:
+    """labkit's C++ module (notebook 14's) for a decode-shaped step of a layer, else None: x float32 on a CPU, few rows
+    (``max_rows``: a prefill's many rows run PyTorch's threaded ops), nothing for autograd to record. On a CPU each
+    PyTorch op costs ~2-5 µs of dispatch from Python, more than its arithmetic on a decode's few hundred floats."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    kernel = gemv_kernel()
+    if kernel is None or x.numel() > kernel.max_rows * x.shape[-1]:
+        return None
+    return kernel
 
 
 class RMSNorm(nn.Module):
@@ -113,6 +125,7 @@ class MergedLinear:
         self.sizes = [lin.out_features for lin in linears]
         self.weight: torch.Tensor | None = None  # (sum of out_features, in_features)
         self.bias: torch.Tensor | None = None
+        self.merged_addresses: tuple[int, ...] = ()  # each part's data_ptr right after the merge (weights, biases)
         self.kernel = LinearKernel()  # F.linear, or oneDNN over a repacked copy; the layout (labkit.core.model.linear)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -125,18 +138,17 @@ class MergedLinear:
         return self.kernel(x, self.weight, self.bias, tuple(lin.weight for lin in self.linears))  # type: ignore
 
     def _is_merged(self) -> bool:
+        # Asked at every call (twice per layer in each decode step), so it compares addresses recorded at the merge: a
+        # part still at its recorded address is still a view of the merged tensor (which holds that memory alive).
         if self.weight is None or (self.weight.stride(0) == 1) != self.kernel.wants_gemv_layout(self.weight):
             return False
-        merged = [(self.weight, [lin.weight for lin in self.linears])]
-        if self.bias is not None:
-            merged.append((self.bias, [lin.bias for lin in self.linears]))  # type: ignore[misc]
-        for whole, parts in merged:
-            offset = whole.data_ptr()
-            for part, rows in zip(parts, self.sizes):
-                if part.data_ptr() != offset:
-                    return False
-                offset += rows * whole.stride(0) * whole.element_size()
-        return True
+        return self._part_addresses() == self.merged_addresses
+
+    def _part_addresses(self) -> tuple[int, ...]:
+        weights = tuple(lin.weight.data_ptr() for lin in self.linears)
+        if self.bias is None:
+            return weights
+        return weights + tuple(lin.bias.data_ptr() for lin in self.linears)  # type: ignore[union-attr]
 
     def _merge(self) -> None:
         # Plain tensors even if the first call comes inside torch.inference_mode().
@@ -153,6 +165,7 @@ class MergedLinear:
                 self.bias = torch.cat([lin.bias for lin in self.linears])  # type: ignore[misc]
                 for lin, part in zip(self.linears, self.bias.split(self.sizes)):
                     lin.bias.data = part  # type: ignore[union-attr]
+            self.merged_addresses = self._part_addresses()
 
 
 class MLP(nn.Module):
@@ -167,5 +180,10 @@ class MLP(nn.Module):
         self.gate_up = MergedLinear(self.gate_proj, self.up_proj)  # both in one matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x)  # = self.gate_proj(x), self.up_proj(x)
+        gate_up = self.gate_up.merged(x)  # (..., 2 * intermediate): self.gate_proj(x), self.up_proj(x) side by side
+        kernel = decode_kernel(gate_up)
+        if kernel is not None and kernel.silu_mul is not None:  # the same in one C++ pass (float32 CPU decode)
+            rows = gate_up.reshape(-1, gate_up.shape[-1])  # (rows, 2 * intermediate), a view
+            return self.down_proj(kernel.silu_mul(rows).view(*gate_up.shape[:-1], -1))
+        gate, up = gate_up.split(self.gate_up.sizes, dim=-1)
         return self.down_proj(F.silu(gate) * up)

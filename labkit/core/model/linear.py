@@ -97,6 +97,9 @@ class GemvKernel:
     available: Callable[[], bool]  # built (the first call may compile it); False: no compiler, fall back silently
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None  # the same module's RMSNorm
     # (x (..., d) contiguous, weight (d,), eps) -> (..., d), float32: RMSNorm (labkit.core.model.layers) runs on it
+    silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None  # (rows, 2 * I) gate|up -> (rows, I): MLP's gate
+    rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None  # (x (rows, heads *
+    # d), cos, sin (rows, d), n_rot) -> (rows, n_rot * d): Attention's RoPE on its q and k heads
 
 
 GEMV_KERNEL: list[GemvKernel] = []  # the registered kernel (at most one): register_gemv_kernel
@@ -107,9 +110,18 @@ def register_gemv_kernel(kernel: GemvKernel) -> None:
     GEMV_KERNEL[:] = [kernel]
 
 
+GEMV_BUILT: list[GemvKernel] = []  # the registered kernel once ``available()`` said yes (a build stays built)
+
+
 def gemv_kernel() -> GemvKernel | None:
-    """The registered GEMV kernel if it is built, else None (the calls then run as the "onednn" choice does)."""
-    return GEMV_KERNEL[0] if GEMV_KERNEL and GEMV_KERNEL[0].available() else None
+    """The registered GEMV kernel if it is built, else None (the calls then run as the "onednn" choice does).
+    Asked several times per layer in every decode step: a kernel found built is remembered."""
+    if GEMV_KERNEL and GEMV_BUILT and GEMV_BUILT[0] is GEMV_KERNEL[0]:
+        return GEMV_BUILT[0]
+    if GEMV_KERNEL and GEMV_KERNEL[0].available():
+        GEMV_BUILT[:] = [GEMV_KERNEL[0]]
+        return GEMV_KERNEL[0]
+    return None
 
 
 @functools.cache

@@ -6,8 +6,9 @@ compiler the quantized layers dequantize and call ``F.linear`` instead (correct,
 ``stream_read_bandwidth`` measures the roof these kernels are held to: one large tensor summed by the same threads.
 The float32 kernel also runs every decode-shaped float32 linear layer on a CPU: this module registers it with
 ``labkit.core.model.linear`` (``register_gemv_kernel``), which cannot import it (this package imports that one);
-there, without a compiler, the layers fall back silently to oneDNN / MKL. Its RMSNorm (``rms_norm_f32``) is registered
-with it and runs ``labkit.core.model.layers.RMSNorm`` on float32 CPU rows. Introduced in notebook 14
+there, without a compiler, the layers fall back silently to oneDNN / MKL. Its RMSNorm (``rms_norm_f32``), SwiGLU gate
+(``silu_mul_f32``) and RoPE (``rope_f32``) are registered with it and run those steps of a float32 decode layer on a
+CPU (``labkit.core.model.layers``, ``labkit.core.model.attention``). Introduced in notebook 14
 (``14_quantization``).
 """
 
@@ -65,10 +66,11 @@ def permute_for_int4(x: torch.Tensor) -> torch.Tensor:
 
 def gemv_f32(x: torch.Tensor, weight: torch.Tensor, threads: bool = True) -> torch.Tensor:
     """x (B, in) float32, weight (out, in) float32 contiguous -> (B, out); ``threads`` False: all rows on one thread
-    (what ``grain`` does while another process holds a core)."""
+    (what ``grain`` does while another process holds a core: the caller, ``LinearKernel``, has just asked)."""
     module = _module()
     rows = weight.shape[0]
-    return module.gemv_f32(x.contiguous(), weight, grain(rows, weight.shape[1] * 4) if threads else max(1, rows))
+    task_rows = max(1, -(-MIN_TASK_BYTES // max(1, weight.shape[1] * 4))) if threads else max(1, rows)
+    return module.gemv_f32(x.contiguous(), weight, task_rows)
 
 
 def gemv_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -84,10 +86,16 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group
     return module.gemv_int4(permute_for_int4(x), packed, scales, group_size, grain(packed.shape[0], row_bytes))
 
 
+LOADED: list[ModuleType] = []  # the module once loaded: every decode layer's calls ask for it
+
+
 def _module() -> ModuleType:
+    if LOADED:
+        return LOADED[0]
     module = load_gemv()
     if module is None:
         raise RuntimeError(f"labkit's C++ GEMV kernels are not available: {load_result().missing}")
+    LOADED.append(module)
     return module
 
 
@@ -120,5 +128,17 @@ def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return _module().rms_norm_f32(x, weight, eps)
 
 
+def silu_mul_f32(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate in one pass: gate_up (rows, 2 * I) float32, gate then up side by side (strides free) ->
+    silu(gate) * up (rows, I)."""
+    return _module().silu_mul_f32(gate_up)
+
+
+def rope_f32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rot: int) -> torch.Tensor:
+    """RoPE on the first ``n_rot`` heads of x (rows, heads * d) float32 (strides free), cos and sin (rows, d) as
+    ``RotaryEmbedding.cos_sin`` makes them -> (rows, n_rot * d), contiguous."""
+    return _module().rope_f32(x, cos, sin, n_rot)
+
+
 register_gemv_kernel(GemvKernel(run=gemv_f32, max_rows=MAX_KERNEL_ROWS, available=_float32_kernel_built,
-                                rms_norm=rms_norm_f32))
+                                rms_norm=rms_norm_f32, silu_mul=silu_mul_f32, rope=rope_f32))

@@ -8,7 +8,8 @@
 // weight leaves memory. Every output is computed by one thread in a fixed order: results do not depend on the
 // number of threads. With AVX-512 (compiled -march=native) the loops use its intrinsics; elsewhere plain loops the
 // compiler vectorises. Built by labkit/core/quant/gemv.py; introduced in notebook 14. The same module holds
-// rms_norm_f32, the one other op of a float32 decode layer that PyTorch's CPU path spends many small ops on.
+// the other ops of a float32 decode layer that PyTorch's CPU path spends several small ops on, each ~2-5 us of
+// dispatch from Python for a few hundred floats: rms_norm_f32, silu_mul_f32 (SwiGLU's gate) and rope_f32.
 //
 // Layouts: x (B, in) float32; weight rows contiguous, (out, in). int8: q (out, in) int8, scales (out,). int4: packed
 // (out, in / 2) uint8 (byte j: element 2j in the low nibble, 2j + 1 in the high, each + 8), scales
@@ -21,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -321,6 +323,93 @@ torch::Tensor rms_norm_f32(const torch::Tensor& x, const torch::Tensor& w, doubl
   return y;
 }
 
+// exp(x) in float32 without a library call, so a loop over it vectorises (std::exp is one call per element; PyTorch's
+// own CPU ops use a vectorised exp for the same reason): 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, and
+// e^r by Cephes' degree-6 polynomial, within 2 ulp of std::exp. x is clamped to [-87.3, 88.3], where 2^n stays a
+// normal float: e^x is then ~1e-38 or ~2e38 instead of 0 or inf, which no caller below can tell apart.
+inline float exp_f32(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n * ln 2, ln 2 split in two for accuracy
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n as a float's exponent field
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  check_cpu(x, name);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, name, " must be a (rows, n) float32 tensor");
+}
+
+// SwiGLU's gate: a merged gate/up output gu (rows, 2 * I) -> silu(gu[:, :I]) * gu[:, I:], silu(g) = g / (1 + e^-g)
+// as F.silu computes it. One pass instead of split, silu and mul (three PyTorch ops, ~7 us from Python for a
+// decode's row). gu may be strided (the GEMV kernel returns (B, out) as a view of (out, B) memory).
+torch::Tensor silu_mul_f32(const torch::Tensor& gu) {
+  check_rows(gu, "gu");
+  TORCH_CHECK(gu.size(1) % 2 == 0, "gu must hold gate and up side by side (an even width), got ", gu.size(1));
+  const int64_t rows = gu.size(0), half = gu.size(1) / 2, rs = gu.stride(0), cs = gu.stride(1);
+  auto out = torch::empty({rows, half}, gu.options());
+  const float* src = gu.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * rs;
+    float* o = dst + r * half;
+    if (cs == 1) {  // contiguous: a vector loop
+      for (int64_t i = 0; i < half; ++i) o[i] = row[i] / (1.0f + exp_f32(-row[i])) * row[half + i];
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        const float g = row[i * cs];
+        o[i] = g / (1.0f + exp_f32(-g)) * row[(half + i) * cs];
+      }
+    }
+  }
+  return out;
+}
+
+// RoPE on the first n_rot heads of each row of x (rows, heads * d), which may be strided (a merged q/k/v output):
+// out[h, i] = x[h, i] * cos[i] + x[h, (i + d/2) % d] * sin[i], with sin holding (-sin, sin) halves as
+// labkit.core.model.layers.RotaryEmbedding.cos_sin makes them; cos, sin (rows, d). Returns (rows, n_rot * d),
+// contiguous: the rotated q and k heads side by side. One pass instead of mul, roll, mul and add (~10 us a row).
+torch::Tensor rope_f32(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, int64_t n_rot) {
+  check_rows(x, "x");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.size(0) == x.size(0),
+              "cos and sin must be contiguous (rows, head_dim) tensors, one row per row of x");
+  const int64_t rows = x.size(0), d = cos.size(1), rs = x.stride(0), cs = x.stride(1);
+  TORCH_CHECK(d > 0 && d % 2 == 0, "head_dim must be even, got ", d);
+  TORCH_CHECK(n_rot >= 0 && n_rot * d <= x.size(1), "n_rot = ", n_rot, " heads of ", d, " do not fit in x's ",
+              x.size(1), " columns");
+  auto out = torch::empty({rows, n_rot * d}, x.options());
+  const float* src = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const int64_t half = d / 2;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < n_rot; ++h) {
+      const float* head = src + r * rs + h * d * cs;
+      const float* c = cp + r * d;
+      const float* sn = sp + r * d;
+      float* o = dst + (r * n_rot + h) * d;
+      if (cs == 1) {
+        for (int64_t i = 0; i < half; ++i) o[i] = head[i] * c[i] + head[i + half] * sn[i];
+        for (int64_t i = half; i < d; ++i) o[i] = head[i] * c[i] + head[i - half] * sn[i];
+      } else {
+        for (int64_t i = 0; i < d; ++i) o[i] = head[i * cs] * c[i] + head[((i + half) % d) * cs] * sn[i];
+      }
+    }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -328,5 +417,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_int8", &gemv_int8, "y = x @ (q * scales).T, int8 weight, one scale per row");
   m.def("gemv_int4", &gemv_int4, "y = x @ dequant(packed).T, int4 weight two per byte, one scale per group");
   m.def("rms_norm_f32", &rms_norm_f32, "RMSNorm over the last dimension, float32, one pass per row");
+  m.def("silu_mul_f32", &silu_mul_f32, "silu(gate) * up over a merged (rows, 2 * I) gate/up output, float32");
+  m.def("rope_f32", &rope_f32, "RoPE on the first n_rot heads of (rows, heads * d) float32 rows, out of place");
   m.def("stream_sum", &stream_sum, "sum of a 2-D float32 tensor, rows split between threads (the read roof)");
 }
