@@ -135,6 +135,9 @@ class MergedLinear:
         """(..., in_features) -> (..., sum of out_features): every layer's output side by side, unsplit."""
         if not self._is_merged():
             self._merge()
+        gemv = self.kernel._gemv_for(x, self.weight)  # type: ignore[arg-type]
+        if gemv is not None:  # a decode-shaped call: straight to the GEMV kernel (twice per layer, every step)
+            return self.kernel._gemv(gemv, x, self.weight, self.bias)  # type: ignore[arg-type]
         return self.kernel(x, self.weight, self.bias, tuple(lin.weight for lin in self.linears))  # type: ignore
 
     def _is_merged(self) -> bool:
@@ -145,10 +148,11 @@ class MergedLinear:
         return self._part_addresses() == self.merged_addresses
 
     def _part_addresses(self) -> tuple[int, ...]:
-        weights = tuple(lin.weight.data_ptr() for lin in self.linears)
+        # lin._parameters[...] is lin.weight without nn.Module.__getattr__'s slow path (~0.5 µs a lookup)
+        weights = tuple(lin._parameters["weight"].data_ptr() for lin in self.linears)  # type: ignore[union-attr]
         if self.bias is None:
             return weights
-        return weights + tuple(lin.bias.data_ptr() for lin in self.linears)  # type: ignore[union-attr]
+        return weights + tuple(lin._parameters["bias"].data_ptr() for lin in self.linears)  # type: ignore[union-attr]
 
     def _merge(self) -> None:
         # Plain tensors even if the first call comes inside torch.inference_mode().
