@@ -135,9 +135,6 @@ class MergedLinear:
         """(..., in_features) -> (..., sum of out_features): every layer's output side by side, unsplit."""
         if not self._is_merged():
             self._merge()
-        gemv = self.kernel._gemv_for(x, self.weight)  # type: ignore[arg-type]
-        if gemv is not None:  # a decode-shaped call: straight to the GEMV kernel (twice per layer, every step)
-            return self.kernel._gemv(gemv, x, self.weight, self.bias)  # type: ignore[arg-type]
         return self.kernel(x, self.weight, self.bias, tuple(lin.weight for lin in self.linears))  # type: ignore
 
     def _is_merged(self) -> bool:

@@ -240,13 +240,9 @@ class Linear(nn.Linear):
         self.kernel = LinearKernel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, kernel = self.weight, self.kernel
-        if kernel.choice == "auto" and weight.is_contiguous():  # (out, in) memory as it should be: no layout checks
-            gemv = kernel._gemv_for(x, weight)
-            if gemv is not None:  # a decode-shaped call: straight to the GEMV kernel (every layer, every step)
-                return kernel._gemv(gemv, x, weight, self.bias)
-            if gemv_kernel() is not None:
-                return kernel(x, weight, self.bias)
+        weight = self.weight
+        if self.kernel.choice == "auto" and weight.is_contiguous() and gemv_kernel() is not None:
+            return self.kernel(x, weight, self.bias)  # the usual case, (out, in) memory as it should be: no checks
         if self.kernel.wants_gemv_layout(weight) and weight.stride(0) != 1:
             relayout(weight, gemv_layout)  # once (and again if the weight is replaced)
         elif weight.stride(0) == 1 and not weight.is_contiguous() and not self.kernel.wants_gemv_layout(weight):
