@@ -103,6 +103,9 @@ class PagedConfig(EngineConfig):
     # Decode batch sizes captured at start-up (vLLM's name). None: capture_sizes(max_num_seqs).
     cuda_graph_sizes: tuple[int, ...] | None = None
     async_scheduling: bool = False  # plan step N+1 while the device runs step N (continuous, chunked; notebook 10)
+    # CPU decode steps as a prebuilt list of C++ calls, no per-layer Python (labkit.core.engine.decode_plan): the
+    # CPU's counterpart of CUDA graphs, for float32 activations on the "cpp" attention backend (notebook 14).
+    decode_plan: bool = False
     # Shard the model over N ranks, Megatron-style (continuous, chunked; notebook 15, labkit.core.parallel).
     tensor_parallel_size: int = 1
 
@@ -124,6 +127,11 @@ class PagedConfig(EngineConfig):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.prepare_inputs not in ("loop", "vectorized"):
             raise ValueError(f"prepare_inputs must be 'loop' or 'vectorized', got {self.prepare_inputs!r}")
+        if not isinstance(self.decode_plan, bool):
+            raise ValueError(f"decode_plan must be True or False, got {self.decode_plan!r}")
+        if self.decode_plan and self.tensor_parallel_size > 1:
+            raise ValueError("decode_plan=True runs the whole model in one process; it cannot be combined with "
+                             f"tensor_parallel_size={self.tensor_parallel_size}")
         if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True, False or None (CUDA graphs on CUDA only), "
                              f"got {self.enforce_eager!r}")

@@ -67,6 +67,8 @@ class EngineCore(Engine):
                        DraftModelProposer(model, spec.draft_num_layers, self.pool, self.block_manager, backend))
         self.runner = ModelRunner(model, self.pool, self.block_manager, config.prepare_inputs, backend, drafter,
                                   spec.rejection_sampler_cls() if spec is not None else None)
+        if config.decode_plan:
+            self.runner.use_decode_plan()
         if use_graphs:  # every graph is captured here, at start-up: none mid-run
             assert config.cuda_graph_sizes is not None
             max_blocks = self.block_manager.blocks_needed(config.max_model_len)

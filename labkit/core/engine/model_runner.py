@@ -19,6 +19,7 @@ import torch
 from labkit.core.attention import PagedAttentionBackend, PagedAttentionMetadata, TorchAttentionBackend
 from labkit.core.attention.decode import host_to_device
 from labkit.core.engine.cuda_graphs import DecodeGraphs, capture_supported
+from labkit.core.engine.decode_plan import DecodePlan
 from labkit.core.engine.step import StageClock
 from labkit.core.kv.block_manager import BlockManager
 from labkit.core.kv.paged_pool import PagedKVPool
@@ -89,6 +90,7 @@ class ModelRunner:
         self.device = model.device
         self.prepare = self.prepare_vectorized if prepare_inputs == "vectorized" else self.prepare_loop
         self.graphs: DecodeGraphs | None = None
+        self.decode_plan: DecodePlan | None = None  # CPU decode steps as prebuilt C++ calls (use_decode_plan)
         # Speculative decoding (notebook 13): who proposes, the rule that keeps or replaces proposals, how it went.
         self.drafter = drafter
         self.rejection_sampler = rejection_sampler or (RejectionSampler() if drafter is not None else None)
@@ -104,6 +106,12 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.model, self.pool, sizes, max_blocks, self.pool.num_blocks - 1, capture,
                                    self.attention_backend)  # its graph_decode: "triton" captures its own kernel
         return self.graphs
+
+    def use_decode_plan(self) -> DecodePlan:
+        """Run the decode steps that qualify through a ``DecodePlan`` (CPU, float32, the "cpp" backend); the others,
+        and every step while the plan cannot be built (it says why: ``why_not``), layer by layer."""
+        self.decode_plan = DecodePlan(self.model)
+        return self.decode_plan
 
     def close(self) -> None:
         """Release the graphs and the KV pool's memory (``LLM.close``); the runner cannot run a step afterwards."""
@@ -260,6 +268,10 @@ class ModelRunner:
                 hidden = self.graphs.run(inputs.input_ids[0], inputs.positions[0], meta.slot_mapping, inputs.graph_meta)
             else:
                 attention = self.attention_backend(self.pool, meta)
-                hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (1, N, hidden)
+                plan = self.decode_plan
+                if plan is not None and plan.applies(inputs.input_ids, attention) and plan.current():
+                    hidden = plan.run(inputs.input_ids, inputs.positions, attention)  # type: ignore[arg-type]
+                else:
+                    hidden = self.model(inputs.input_ids, inputs.positions, attention)  # (1, N, hidden)
             index = inputs.logits_index if inputs.logits_index is not None else rows
             return self.model.compute_logits(hidden[0, index]) if rows else None  # (n_sampled, vocab)

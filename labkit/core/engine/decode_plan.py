@@ -1,0 +1,237 @@
+"""A CPU decode step as a prebuilt list of C++ calls: the CPU's counterpart of CUDA graphs (notebook 10).
+
+Run layer by layer, a decode step of a small model spends as long in Python as in its weights' bytes: each layer is
+a dozen module calls, each linear layer re-checks its shape, dtype, layout and kernel, and every PyTorch op costs
+~2-5 µs of dispatch for a few hundred floats (notebook 10 measures it; on smollm2-135m about 100 µs a layer, 3 ms
+a step). A CUDA graph removes that on a GPU by replaying the recorded kernels. On a CPU, ``DecodePlan`` does the
+checks once: it walks the model, records for every layer which C++ kernel runs each step (labkit's GEMV kernels
+for float32, int8 and int4 weights, RMSNorm, RoPE, SwiGLU's gate, the paged K/V write and decode attention) and
+the tensors each reads, and then runs a decode step as that list of calls. The arithmetic is the same as the
+layer-by-layer path's decode (the same kernels, in the same order), so the tokens are too.
+
+Like a captured graph, a plan goes stale when what it recorded changes: before each step it checks that every
+module, parameter and kernel choice it read is still in place (about 0.1 ms on a 30-layer model) and is rebuilt if
+not. It runs only what it was built for: float32 activations on a CPU, a decode-only step of at most ``max_rows``
+sequences on the ``"cpp"`` attention backend, Llama-style layers (labkit's own modules, no q/k norm), no stall
+watch tripped; every other step runs layer by layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14
+measures it (``scripts/bench_quantization.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from labkit.core.attention.cpp_decode import CppAttentionBackend, load_extension
+from labkit.core.model import CausalLM
+from labkit.core.model.attention import Attention
+from labkit.core.model.decoder import DecoderLayer
+from labkit.core.model.layers import MLP, MergedLinear, RMSNorm
+from labkit.core.model.linear import STALL_WATCH, Linear
+from labkit.core.quant import gemv
+from labkit.core.quant.linear import QuantizedLinear, QuantizedMergedLinear
+
+# What must still hold for a plan to be current: (a dict that holds an object, its key, the object), and the
+# addresses of the tensors the plan reads (a tensor whose .data was replaced moves).
+Ref = tuple[dict, str, object]
+
+# The classes whose forward a plan stands in for: a learner's replacement (or a patched forward) runs layer by layer.
+PLANNED_FORWARDS = {cls: cls.forward for cls in (DecoderLayer, Attention, MLP, RMSNorm, Linear, QuantizedLinear)}
+
+
+@dataclass(frozen=True)
+class LinearCall:
+    """One linear layer as the plan runs it: x (N, in) contiguous float32 -> (N, out)."""
+
+    run: Callable[[torch.Tensor], torch.Tensor]
+    tensors: tuple[torch.Tensor, ...]  # what it reads (their addresses are checked before each step)
+
+
+@dataclass(frozen=True)
+class LayerCalls:
+    """One decoder layer's weights, as its kernels read them."""
+
+    input_norm: torch.Tensor  # (hidden,)
+    input_eps: float
+    qkv: LinearCall  # -> (N, (n_heads + 2 * n_kv_heads) * head_dim)
+    o_proj: LinearCall
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: LinearCall  # -> (N, 2 * intermediate)
+    down: LinearCall
+
+
+def float_linear(module: ModuleType, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearCall:
+    task_rows = max(1, -(-gemv.MIN_TASK_BYTES // (weight.shape[1] * 4)))  # gemv.grain's, for a thread team
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        y = module.gemv_f32(x, weight, task_rows)
+        return y if bias is None else y + bias
+    return LinearCall(run, (weight,) + (() if bias is None else (bias,)))
+
+
+def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
+                     bias: torch.Tensor | None) -> LinearCall:
+    if method == "int8":
+        task_rows = max(1, -(-gemv.MIN_TASK_BYTES // qweight.shape[1]))
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            y = module.gemv_int8(x, qweight, scales, task_rows)
+            return y if bias is None else y + bias
+    else:
+        task_rows = max(1, -(-gemv.MIN_TASK_BYTES // (qweight.shape[1] + scales.shape[1] * 4)))
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            y = module.gemv_int4(gemv.permute_for_int4(x), qweight, scales, group_size, task_rows)
+            return y if bias is None else y + bias
+    return LinearCall(run, (qweight, scales) + (() if bias is None else (bias,)))
+
+
+class DecodePlan:
+    """Runs a model's decode steps as prebuilt C++ calls when they qualify (module docstring). Notebook 14."""
+
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+        self.layers: list[LayerCalls] | None = None
+        self.refs: list[Ref] = []
+        self.tensors: list[torch.Tensor] = []
+        self.addresses: list[int] = []
+        self.why_not: str | None = None  # why the last build found the model unplannable
+        self.built = False  # whether build ran (successfully or not) since the plan was made
+        self.forwards: dict[type, Callable[..., torch.Tensor]] = {}  # each planned class's forward at the build
+        self.builds = 0  # how often a plan was built (a rebuild means something it read changed)
+        self.steps = 0  # decode steps it ran
+
+    def applies(self, input_ids: torch.Tensor, backend: object) -> bool:
+        """Whether this step can run as the plan: a CPU float32 decode-only step on the "cpp" backend, few rows."""
+        return (type(backend) is CppAttentionBackend and backend.writes_kv and backend.cpp_decode is not None
+                and input_ids.shape[0] == 1 and input_ids.shape[1] <= gemv.MAX_KERNEL_ROWS
+                and self.model.device.type == "cpu" and self.model.dtype == torch.float32
+                and not torch.is_grad_enabled() and not STALL_WATCH.recent())
+
+    def current(self) -> bool:
+        """Whether everything the plan read is still what the model holds (built now if it never was)."""
+        if not self.built or any(holder.get(key) is not obj for holder, key, obj in self.refs) \
+                or any(cls.forward is not forward for cls, forward in self.forwards.items()) \
+                or [t.data_ptr() for t in self.tensors] != self.addresses:
+            self.build()
+        return self.layers is not None
+
+    def build(self) -> None:
+        """Record every layer's calls, or why it cannot (``why_not``). Either way, what was read is remembered, so an
+        unplannable model is looked at again only when one of those things changes."""
+        self.layers, self.refs, self.tensors, self.why_not, self.built = None, [], [], None, True
+        self.forwards = {cls: cls.forward for cls in PLANNED_FORWARDS}
+        patched = [cls.__name__ for cls, forward in PLANNED_FORWARDS.items() if cls.forward is not forward]
+        if patched:
+            self.why_not = f"{', '.join(patched)}.forward was replaced: the replacement runs, layer by layer"
+            return
+        module = gemv.load_gemv(warn=False)
+        if module is None or load_extension(warn=False) is None:
+            self.why_not = "labkit's C++ kernels are not built"
+            return
+        layers = []
+        decoder = self.model.model
+        self.refs += [(vars(decoder), "_modules", decoder._modules), (decoder._modules, "layers", decoder.layers)]
+        for index, layer in decoder.layers._modules.items():
+            self.refs.append((decoder.layers._modules, index, layer))
+            calls = self._layer(module, layer)  # type: ignore[arg-type]
+            if calls is None:
+                self.addresses = [t.data_ptr() for t in self.tensors]
+                return
+            layers.append(calls)
+        self.layers = layers
+        self.tensors += [t for calls in layers for t in (calls.input_norm, calls.post_norm) + tuple(
+            t for call in (calls.qkv, calls.o_proj, calls.gate_up, calls.down) for t in call.tensors)]
+        self.addresses = [t.data_ptr() for t in self.tensors]
+        self.builds += 1
+
+    def _layer(self, module: ModuleType, layer: nn.Module) -> LayerCalls | None:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
+        self.refs.append((vars(layer), "_modules", layer._modules))
+        self.refs += [(layer._modules, name, child) for name, child in layer._modules.items()]  # type: ignore[misc]
+        self.refs += [(vars(n), "use_kernel", vars(n).get("use_kernel")) for n in norms if n is not None]
+        if type(layer) is not DecoderLayer or type(attn) is not Attention or type(mlp) is not MLP \
+                or any(type(n) is not RMSNorm or not n.use_kernel for n in norms):  # type: ignore[union-attr]
+            self.why_not = "a layer is not labkit's own Llama-style layer (or a norm runs F.rms_norm)"
+            return None
+        if attn.q_norm is not None:  # type: ignore[union-attr]
+            self.why_not = "q/k norms (Qwen3) are not planned"
+            return None
+        for holder in (attn, mlp):
+            self.refs.append((vars(holder), "_modules", holder._modules))  # type: ignore[union-attr]
+            self.refs += [(holder._modules, name, child) for name, child in holder._modules.items()]  # type: ignore
+        self.refs += [(vars(attn), "qkv_proj", vars(attn)["qkv_proj"]), (vars(mlp), "gate_up", vars(mlp)["gate_up"])]
+        calls = [self._linear(module, part) for part in (attn.qkv_proj, attn.o_proj, mlp.gate_up,  # type: ignore
+                                                         mlp.down_proj)]  # type: ignore[union-attr]
+        if any(c is None for c in calls):
+            return None
+        n_in, n_post = norms
+        for norm in norms:
+            self.refs.append((norm._parameters, "weight", norm.weight))  # type: ignore[union-attr]
+        return LayerCalls(n_in.weight, n_in.eps, calls[0], calls[1], n_post.weight, n_post.eps,  # type: ignore
+                          calls[2], calls[3])
+
+    def _linear(self, module: ModuleType, part: object) -> LinearCall | None:
+        """The call that runs ``part`` (a Linear, a merged layer or their quantized counterparts) on a decode row."""
+        if isinstance(part, (MergedLinear, QuantizedMergedLinear)):
+            if not part._is_merged():
+                part._merge()
+            linears = part.linears
+        else:
+            linears = (part,)
+        for lin in linears:  # each part's tensors: a part moved (model.to, .data replaced) means a merge to redo
+            owned = list(lin._parameters.items()) + list(lin._buffers.items())  # type: ignore[union-attr]
+            self.refs += [(lin._parameters if name in lin._parameters else lin._buffers, name, t)  # type: ignore
+                          for name, t in owned]
+            self.tensors += [t for _, t in owned if t is not None]
+        if type(part) is Linear or type(part) is MergedLinear:
+            kernel = part.kernel  # type: ignore[union-attr]
+            weight = part.weight
+            self.refs.append((vars(kernel), "choice", kernel.choice))
+            if kernel.choice != "auto" or not isinstance(weight, torch.Tensor) or not weight.is_contiguous() \
+                    or weight.dtype != torch.float32:  # (autograd: applies() runs the plan only without it)
+                self.why_not = "a linear layer runs another kernel than labkit's GEMV (set_linear_kernel)"
+                return None
+            return float_linear(module, weight, part.bias)  # type: ignore[arg-type]
+        if type(part) is QuantizedLinear or type(part) is QuantizedMergedLinear:
+            first = linears[0]
+            return quantized_linear(module, first.method, part.qweight, part.scales,  # type: ignore[union-attr]
+                                    first.group_size, part.bias)  # type: ignore[union-attr]
+        self.why_not = f"a linear layer of type {type(part).__name__} is not planned"
+        return None
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: CppAttentionBackend) -> torch.Tensor:
+        """input_ids, positions: (1, N) -> hidden states (1, N, hidden), as ``CausalLM.forward`` returns them."""
+        assert self.layers is not None and backend.cpp_decode is not None
+        module, attention = gemv.load_gemv(warn=False), load_extension(warn=False)
+        assert module is not None and attention is not None
+        config = self.model.config
+        n_heads, n_kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        decoder = self.model.model
+        x = decoder.embed_tokens(input_ids)[0]  # (N, hidden)
+        n = x.shape[0]
+        cos, sin = decoder.rotary_emb.cos_sin(positions, x.dtype)  # (1, N, 1, d) each
+        cos, sin = cos.reshape(n, d), sin.reshape(n, d)
+        batch, slots, pool = backend.cpp_decode, backend.meta.slot_mapping, backend.pool
+        scale, grain = d ** -0.5, 1
+        for i, layer in enumerate(self.layers):
+            h = module.rms_norm_f32(x, layer.input_norm, layer.input_eps)
+            qkv = layer.qkv.run(h)  # (N, (n_heads + 2 * n_kv) * d)
+            qk = module.rope_f32(qkv, cos, sin, n_heads + n_kv)  # (N, (n_heads + n_kv) * d), rotated
+            k = qk[:, n_heads * d:].view(n, n_kv, d)
+            v = qkv[:, (n_heads + n_kv) * d:].view(n, n_kv, d)
+            attention.write_kv(pool.k[i], pool.v[i], k, v, slots)
+            q = qk[:, : n_heads * d].view(n, n_heads, d).contiguous()  # (N, n_heads, d): a copy if N > 1
+            out = attention.paged_decode(q, pool.k[i], pool.v[i], batch.block_tables, batch.context_lens, scale,
+                                         grain, batch.num_splits)  # (N, n_heads, d)
+            x = x + layer.o_proj.run(out.view(n, n_heads * d))
+            h = module.rms_norm_f32(x, layer.post_norm, layer.post_eps)
+            x = x + layer.down.run(module.silu_mul_f32(layer.gate_up.run(h)))
+        self.steps += 1
+        return decoder.norm(x)[None]  # (1, N, hidden)

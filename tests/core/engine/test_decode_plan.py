@@ -1,0 +1,173 @@
+"""``LLM(..., decode_plan=True)``: CPU decode steps as prebuilt C++ calls (labkit.core.engine.decode_plan). The same
+greedy tokens as transformers and as the layer-by-layer path, float32 and quantized; the plan runs exactly the steps
+it was built for and is rebuilt, or declined, when something it read changes, so a changed weight, a kernel choice
+or a learner's module is never bypassed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit import LLM, SamplingParams
+from labkit.core.attention import cpp_decode
+from labkit.core.engine.decode_plan import DecodePlan
+from labkit.core.model.layers import MLP
+from labkit.core.model.linear import set_linear_kernel
+from labkit.course.oracle import transformers_greedy
+
+PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+PROMPTS = ["Once upon a time", "The little dog ran to the park and", "Tom and Lily", "She was happy because"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> None:
+    assert cpp_decode.load_extension() is not None, "the C++ kernels should build here (g++, ninja)"
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    return [tokenizer.encode(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(bundled_path: Path, prompt_ids: list[list[int]]) -> list[list[int]]:
+    return transformers_greedy(bundled_path, prompt_ids, PARAMS.max_tokens)
+
+
+def plan_of(llm: LLM) -> DecodePlan:
+    plan = llm.engine.runner.decode_plan  # type: ignore[attr-defined]
+    assert plan is not None
+    return plan
+
+
+def tokens(llm: LLM, prompt_ids: list[list[int]], params: SamplingParams = PARAMS) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_ids, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("engine,options", [
+    ("continuous", dict(max_num_seqs=3)),  # a finished sequence's slot refilled beside running decodes
+    ("chunked", dict(max_num_batched_tokens=16, enable_prefix_caching=True)),
+])
+def test_tokens_equal_transformers(engine: str, options: dict, bundled_path: Path, prompt_ids: list[list[int]],
+                                   reference: list[list[int]]) -> None:
+    with LLM(str(bundled_path), engine=engine, device="cpu", decode_plan=True, block_size=8, **options) as llm:
+        assert tokens(llm, prompt_ids) == reference
+        plan = plan_of(llm)
+        assert plan.steps > 0 and plan.builds == 1 and plan.why_not is None  # it ran, built once
+        bm = llm.engine.block_manager
+        assert bm.num_free_blocks == bm.num_blocks  # no KV block leaked
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: str, bundled_path: Path,
+                                                        prompt_ids: list[list[int]]) -> None:
+    runs = []
+    for plan in (False, True):
+        with LLM(str(bundled_path), engine="continuous", device="cpu", quantization=quantization,
+                 decode_plan=plan) as llm:
+            runs.append(tokens(llm, prompt_ids))
+            if plan:
+                assert plan_of(llm).steps > 0
+    assert runs[0] == runs[1]
+
+
+def test_only_the_steps_it_was_built_for(bundled_path: Path, prompt_ids: list[list[int]],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill steps, the PyTorch attention backend, an 8-bit KV pool and float64 run layer by layer, and so does a
+    decode step of more rows than the GEMV kernel takes (16)."""
+    rows: list[int] = []
+    original = DecodePlan.run
+
+    def recording(self: DecodePlan, input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+        rows.append(input_ids.shape[1])
+        return original(self, input_ids, *args)  # type: ignore[arg-type]
+    monkeypatch.setattr(DecodePlan, "run", recording)
+    with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True) as llm:
+        tokens(llm, prompt_ids[:1], SamplingParams(max_tokens=1, temperature=0))  # a prefill only
+    assert rows == []
+    for options in (dict(attention_backend="torch"), dict(kv_cache_dtype="int8"), dict(dtype="float64")):
+        with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True, **options) as llm:
+            assert len(tokens(llm, prompt_ids)) == len(prompt_ids)
+    assert rows == []
+    with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True, max_num_seqs=20) as llm:
+        staggered = [SamplingParams(max_tokens=4 + i % 8, temperature=0, ignore_eos=True) for i in range(20)]
+        tokens(llm, prompt_ids * 5, staggered)  # 20 decodes at first, fewer as they finish
+        decode_rows = [s.num_seqs for s in llm.engine.step_stats if not s.is_prefill]
+    assert max(decode_rows) > 16 and rows and max(rows) <= 16  # only the steps of at most 16 decodes were planned
+
+
+def test_a_changed_weight_is_read_by_a_rebuilt_plan(bundled_path: Path, prompt_ids: list[list[int]]) -> None:
+    with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True) as planned, \
+            LLM(str(bundled_path), engine="continuous", device="cpu") as eager:
+        assert tokens(planned, prompt_ids) == tokens(eager, prompt_ids)
+        for llm in (planned, eager):  # the same edits to both: new tensors (.data), a part of a merged layer
+            layer = llm.model.model.layers[1]
+            with torch.no_grad():
+                layer.mlp.down_proj.weight.data = layer.mlp.down_proj.weight.data * 3  # type: ignore[operator]
+                layer.self_attn.k_proj.weight.data = layer.self_attn.k_proj.weight.data.flip(0)  # type: ignore
+                llm.model.model.layers[0].input_layernorm.weight.data = torch.full_like(
+                    llm.model.model.layers[0].input_layernorm.weight, 0.5)
+        changed = tokens(eager, prompt_ids)
+        assert tokens(planned, prompt_ids) == changed
+        assert plan_of(planned).builds == 2  # rebuilt once, for the edit
+
+
+def test_a_kernel_choice_or_a_learners_module_is_never_bypassed(bundled_path: Path,
+                                                                 prompt_ids: list[list[int]]) -> None:
+    with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True) as llm:
+        want = tokens(llm, prompt_ids)
+        plan = plan_of(llm)
+        set_linear_kernel(llm.model, "torch")  # F.linear: the plan would run labkit's GEMV instead
+        steps = plan.steps
+        assert tokens(llm, prompt_ids) == want and plan.steps == steps  # every decode ran layer by layer
+        assert plan.why_not is not None and "another kernel" in plan.why_not
+        set_linear_kernel(llm.model, "auto")
+        tokens(llm, prompt_ids)
+        assert plan.steps > steps and plan.why_not is None  # planned again
+
+        calls: list[int] = []
+
+        class LearnersMLP(MLP):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                calls.append(x.shape[1])
+                return super().forward(x)
+
+        layer = llm.model.model.layers[0]
+        mine = LearnersMLP(llm.model.config)
+        mine.load_state_dict(layer.mlp.state_dict())
+        layer.mlp = mine
+        steps = plan.steps
+        assert tokens(llm, prompt_ids) == want
+        assert plan.steps == steps and "not labkit's own" in (plan.why_not or "")
+        assert len(prompt_ids) in calls  # the decode steps (4 rows) ran the learner's module
+
+
+def test_a_patched_forward_is_never_bypassed(bundled_path: Path, prompt_ids: list[list[int]],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True) as llm:
+        want = tokens(llm, prompt_ids)
+        seen: list[int] = []
+        original = MLP.forward
+
+        def patched(self: MLP, x: torch.Tensor) -> torch.Tensor:
+            seen.append(x.shape[1])
+            return original(self, x)
+        monkeypatch.setattr(MLP, "forward", patched)
+        steps = plan_of(llm).steps
+        assert tokens(llm, prompt_ids) == want
+        assert plan_of(llm).steps == steps and len(prompt_ids) in seen  # the decode steps (4 rows) ran it
+        assert "MLP.forward was replaced" in (plan_of(llm).why_not or "")
+        monkeypatch.undo()
+        tokens(llm, prompt_ids)
+        assert plan_of(llm).steps > steps  # the class as shipped: planned again
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(decode_plan="yes"), "decode_plan must be True or False, got 'yes'"),
+    (dict(decode_plan=True, tensor_parallel_size=2), "cannot be combined with tensor_parallel_size=2"),
+])
+def test_bad_options_are_refused(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LLM(engine="continuous", device="cpu", **options)
