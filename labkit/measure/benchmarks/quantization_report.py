@@ -47,6 +47,7 @@ FORMATS: dict[str, str | QuantizationConfig | None] = {
 READ_ROOF = "streaming read (the roof)"  # the kernel table's own roof row: the float32 weights summed
 ONEDNN_FLOAT32 = "float32, oneDNN / MKL"  # the float32 path before the GEMV kernel ran decode ("onednn")
 PLAIN_NORM_FLOAT32 = "float32, RMSNorm on F.rms_norm"  # labkit's float32 with RMSNorm as before its C++ kernel
+EAGER = {"float32": "float32, layer by layer", "int8": "int8, layer by layer"}  # without the decode plan
 KV_FORMATS = ("int8", "fp8")  # kv_cache_dtype values whose perplexity is measured (weights float32)
 CT2_CONTENDERS = {"CTranslate2 float32": "float32", "CTranslate2 int8": "int8_float32"}  # name -> compute_type
 HELD_OUT_SEED = 777  # the bundled model was trained on stories of seeds 0, 1 and 1,000,000 + i: these are new ones
@@ -252,8 +253,12 @@ def run(sizes: Sizes, threads: int, progress: bool = True) -> Results:
     """Every measurement of the report, in one process."""
     roof = stream_read_bandwidth()
     prompt_text = " ".join(generate_stories(8, seed=5))
-    llms = {name: LLM(sizes.model, quantization=q, max_num_seqs=1) for name, q in FORMATS.items()}
-    llms[ONEDNN_FLOAT32] = LLM(sizes.model, max_num_seqs=1)  # the same random weights (same seed)
+    # labkit's formats with the decode plan (labkit.core.engine.decode_plan); the same weights (same seed) layer by
+    # layer, on oneDNN, and with RMSNorm on F.rms_norm (neither of which a plan runs)
+    llms = {name: LLM(sizes.model, quantization=q, max_num_seqs=1, decode_plan=True) for name, q in FORMATS.items()}
+    for name, eager in EAGER.items():
+        llms[eager] = LLM(sizes.model, quantization=FORMATS[name], max_num_seqs=1)
+    llms[ONEDNN_FLOAT32] = LLM(sizes.model, max_num_seqs=1)
     set_linear_kernel(llms[ONEDNN_FLOAT32].model, "onednn")
     llms[PLAIN_NORM_FLOAT32] = LLM(sizes.model, max_num_seqs=1)
     for module in llms[PLAIN_NORM_FLOAT32].model.modules():
@@ -271,8 +276,13 @@ def run(sizes: Sizes, threads: int, progress: bool = True) -> Results:
             others = {name: ct2.contender(name) for name in CT2_CONTENDERS} if ct2 is not None else {}
             rounds = interleave({**contenders, **others}, sizes.rounds, progress=progress)
     bytes_ = {name: weight_bytes(llm.model) for name, llm in llms.items()}
-    split = step_splits({name: llms[name] for name in ("float32", ONEDNN_FLOAT32)}, prompt, sizes.decode_tokens,
-                        sizes.rounds)
+    planned = [name for name in FORMATS if llms[name].engine.runner.decode_plan.steps == 0]  # type: ignore[union-attr]
+    if planned:  # a plan that never ran would make the rows above "layer by layer" under another name
+        raise RuntimeError(f"the decode plan did not run for {', '.join(planned)}: "
+                           f"{llms[planned[0]].engine.runner.decode_plan.why_not}")  # type: ignore[union-attr]
+    # The split times every linear-layer and attention call: the layer-by-layer path (a plan makes neither call)
+    split = step_splits({name: llms[name] for name in (EAGER["float32"], ONEDNN_FLOAT32)}, prompt,
+                        sizes.decode_tokens, sizes.rounds)
     for llm in llms.values():
         llm.close()
     text = "\n\n".join(generate_stories(sizes.ppl_stories, seed=HELD_OUT_SEED))
@@ -403,7 +413,7 @@ def split_section(res: Results) -> str:
     heads = ["float32 path", "step ms (untimed)", "linear layers ms", "attention ms", "everything else ms",
              "engine ms", "linear layers GB/s", "their share of read roof"]
     n = len(next(iter(res.split.values())))
-    runs = res.split["float32"]
+    runs = res.split[EAGER["float32"]]
     rest_ms = statistics.median(sum(v for k, v in b.shares().items() if k != "linear layers") for b in runs) * 1e3
     step_ms = statistics.median(b.step_s for b in runs) * 1e3
     bounds = ", ".join(f"{name} at most {step_ms / (rest_ms + res.weight_bytes[name] / res.roof_bytes_s * 1e3):.2f}x"
@@ -413,14 +423,28 @@ def split_section(res: Results) -> str:
         f"The same model at batch 1 after the same prompt, {res.sizes.decode_tokens} decode steps, {n} interleaved "
         "rounds (median): once untimed inside (the step), once with a timer around every linear-layer call and every "
         "attention call (`labkit.measure.decode_roof.measure_decode_breakdown`, notebook 04's split; the timers add "
-        "a few µs per call). \"float32\" is labkit's default (decode-shaped calls on its C++ GEMV kernel); "
-        f"\"{ONEDNN_FLOAT32}\" is the path before it (`set_linear_kernel(model, \"onednn\")`). The linear layers' "
-        "GB/s: their weight bytes per step over their time inside the step.", "",
+        "a few µs per call). Both run layer by layer: the decode plan makes none of the calls the timers wrap. "
+        f"\"{EAGER['float32']}\" is labkit's float32 without the plan (decode-shaped calls on its C++ GEMV kernel); "
+        f"\"{ONEDNN_FLOAT32}\" is the path before that kernel (`set_linear_kernel(model, \"onednn\")`). The linear "
+        "layers' GB/s: their weight bytes per step over their time inside the step.", "",
         md_table(heads, rows), "",
-        f"Everything but the linear layers takes {rest_ms:.2f} ms of the float32 step ({step_ms:.2f} ms). If a "
-        "quantized format left that part unchanged and streamed its weights at the full read roof, its tok/s "
-        f"over float32's would be {bounds}: the part of the step that is not weights, not the GEMV kernels, "
-        "bounds the speed-up goals at this model size."])
+        f"Layer by layer, everything but the linear layers takes {rest_ms:.2f} ms of the float32 step "
+        f"({step_ms:.2f} ms). If a quantized format left that part unchanged and streamed its weights at the full "
+        f"read roof, its tok/s over float32's would be {bounds}: the part of the step that is not weights, not the "
+        f"GEMV kernels, bounds the speed-up goals at this model size. {plan_line(res)}"])
+
+
+def plan_line(res: Results) -> str:
+    """What the decode plan took off a step, from the decode rounds (the same rounds, so the same bandwidth)."""
+    r = res.rounds
+    lines = []
+    for name, eager in EAGER.items():
+        if name in r.contenders and eager in r.contenders:
+            saved = statistics.median(a - b for a, b in zip(r.get(eager, "decode_ms"), r.get(name, "decode_ms")))
+            lines.append(f"{name} {saved:.2f} ms a step ({statistics.median(r.ratios(eager, name, 'decode_ms')):.2f}x "
+                         f"the tok/s)")
+    return ("The decode plan (`decode_plan=True`: each step as prebuilt C++ calls, no per-layer Python) takes off, "
+            f"round by round in the decode rounds: {'; '.join(lines)}." if lines else "")
 
 
 NOTES = """\
@@ -430,14 +454,18 @@ NOTES = """\
 * Decode-shaped calls (up to 16 rows) run labkit's C++ GEMV kernels (`labkit/core/quant/csrc/gemv_cpu.cpp`, -O3
   -march=native: AVX-512 here), which read the int8/int4 bytes once and widen them in registers; prefill dequantizes
   each layer for the call and runs one matrix product, which is why quantized prefill is slower than float32 here.
+* The rows "float32", "int8", "int4-g32" and "int4-g64" run with the decode plan (`LLM(..., decode_plan=True)`,
+  `labkit.core.engine.decode_plan`): each decode step as a prebuilt list of C++ calls (GEMV kernels, RMSNorm, RoPE,
+  SwiGLU's gate, the K/V write, paged decode attention) instead of module by module, the CPU's counterpart of CUDA
+  graphs; the same arithmetic (same tokens, tested). The "layer by layer" rows are the same weights without it.
 * labkit's float32 decode runs decode-shaped calls (up to 16 rows) on the same C++ float32 GEMV kernel
   (`labkit.core.model.linear`'s "auto" choice; prefill stays on oneDNN); the row "float32, oneDNN / MKL" is the path
   before it, weights in (in, out) memory, oneDNN or MKL (`set_linear_kernel(model, "onednn")`), the same weights.
 * RMSNorm on float32 CPU rows runs on the same C++ module (`rms_norm_f32`: one pass over the row) instead of
   `F.rms_norm`, which runs as six small PyTorch ops on a CPU (~25 us per row, 61 rows per decode step here); the row
-  "float32, RMSNorm on F.rms_norm" is labkit's float32 without it (`RMSNorm.use_kernel = False`), timed in the same
-  rounds (its "tok/s vs float32" is the kernel's effect in this run; a difference of a few percent is within the
-  spread of three rounds on this VM).
+  "float32, RMSNorm on F.rms_norm" is labkit's float32 layer by layer without it (`RMSNorm.use_kernel = False`), timed
+  in the same rounds (compare it with "float32, layer by layer": the kernel's effect in this run; a difference of a
+  few percent is within the spread of three rounds on this VM).
 * int4 kernel: the inner loop found each group's scale by a 64-bit division (`g0 / group`) once per 16 bytes; a
   pointer that steps once per group instead took the kernel from 18.6 to 22.3 GB/s (8 layers 4096 x 2048, 15
   interleaved rounds, against 22.8 GB/s for int8 in the same run; one-off script, results bit-identical). Decoding 64
