@@ -104,13 +104,14 @@ def test_kernel_equals_split_decode_and_sdpa(kernel: ModuleType, dtype: torch.dt
     torch.testing.assert_close(got[0], v_pool[tables[0][0], 0].repeat_interleave(group, 0), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 64), (torch.float32, 24), (torch.float64, 64)])
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40])  # 40: more splits than any sequence has blocks
-def test_splits_merge_to_the_same_attention(kernel: ModuleType, dtype: torch.dtype, num_splits: int) -> None:
+def test_splits_merge_to_the_same_attention(kernel: ModuleType, dtype: torch.dtype, d: int, num_splits: int) -> None:
     """A sequence's blocks cut into runs, each run's (m, l, o) merged by the log-sum-exp rule: the same output as
-    one run (and SDPA), on a thread team and on one thread alike; a split without blocks counts for nothing."""
+    one run (and SDPA), on a thread team and on one thread alike; a split without blocks counts for nothing. float32
+    with head_dim 64 runs the 16-lane path where the CPU has AVX-512, head_dim 24 the plain loops."""
     gen = torch.Generator().manual_seed(num_splits)
-    block_size, n_kv, group, d = 16, 3, 3, 64  # smollm2-135m's attention shape
+    block_size, n_kv, group = 16, 3, 3  # smollm2-135m's attention shape (head_dim 64)
     lens = [1, 17, 300, 64]
     k_pool, v_pool, tables = random_pool(block_size, n_kv, d, dtype, lens, gen)
     q = torch.randn(len(lens), n_kv * group, d, generator=gen, dtype=dtype)

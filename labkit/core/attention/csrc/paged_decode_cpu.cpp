@@ -8,8 +8,9 @@
 // of exp(s - m) and an accumulator o of exp(s - m) * v, rescaled by exp(m_old - m_new) whenever the max grows. With
 // one split it writes o / l; with several, each split's (m, l, o) is merged per (sequence, head) afterwards:
 // weights exp(m - M) with M the largest m, output sum(w * o) / sum(w * l) (the log-sum-exp rule of notebook 06).
-// No block is copied and no slot past the context is read. Built by labkit/core/attention/cpp_decode.py;
-// introduced in notebook 06.
+// No block is copied and no slot past the context is read. With AVX-512 (compiled -march=native), float32 blocks of a
+// head_dim that is a multiple of 16 run the same steps on 16-lane vectors (attend_block_avx512); elsewhere plain loops.
+// Built by labkit/core/attention/cpp_decode.py; introduced in notebook 06.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -22,8 +23,13 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
+constexpr int64_t kPrefetchBlocks = 4;  // blocks whose rows are asked for ahead of use
 constexpr int64_t kLanes = 8;  // independent partial sums: the compiler turns them into one vector register
 
 // q . k over head_dim, with kLanes partial sums so it vectorises, added pairwise at the end (a chain of kLanes
@@ -74,6 +80,66 @@ inline float exp_nonpositive(float x) {
 
 inline double exp_nonpositive(double x) { return std::exp(x); }  // float64 keeps the library's exp: the exact path
 
+#if defined(__AVX512F__)
+// exp_nonpositive's steps on 16 lanes at once (compiled -march=native on a CPU with AVX-512, as the GEMV kernels are).
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  // floor(x / ln 2 + 0.5)
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);  // x - n * ln 2
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// One block of one task in float32 with head_dim a multiple of 16: the same steps as the generic loop in
+// decode_kernel (scores, online-softmax update, o += p . V), each on 16-lane vectors; o's 16 columns stay in a
+// register over the block's rows. scores: (group, block_size) scratch; m, l: (group,); acc: (group, d).
+inline void attend_block_avx512(const float* q_group, int64_t group, int64_t d, const float* k_block,
+                                const float* v_block, int64_t n_valid, int64_t slot_stride, float scale,
+                                float* scores, int64_t block_size, float* m, float* l, float* acc) {
+  for (int64_t t = 0; t < n_valid; ++t) {
+    const float* kt = k_block + t * slot_stride;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q_group + g * d;
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + i), _mm512_loadu_ps(kt + i), a);
+      scores[g * block_size + t] = _mm512_reduce_add_ps(a) * scale;
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores + g * block_size;
+    float block_max = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n_valid; ++t) block_max = std::max(block_max, sg[t]);
+    const float new_m = std::max(m[g], block_max);
+    const float rescale = std::exp(m[g] - new_m);
+    float sum = 0;
+    for (int64_t t0 = 0; t0 < n_valid; t0 += 16) {
+      const __mmask16 mask = n_valid - t0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_valid - t0)) - 1);
+      const __m512 w = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sg + t0), _mm512_set1_ps(new_m)));
+      _mm512_mask_storeu_ps(sg + t0, mask, w);
+      sum += _mm512_mask_reduce_add_ps(mask, w);
+    }
+    l[g] = l[g] * rescale + sum;
+    m[g] = new_m;
+    float* o = acc + g * d;
+    for (int64_t i = 0; i < d; i += 16) {
+      __m512 oi = _mm512_mul_ps(_mm512_loadu_ps(o + i), _mm512_set1_ps(rescale));
+      for (int64_t t = 0; t < n_valid; ++t)
+        oi = _mm512_fmadd_ps(_mm512_set1_ps(sg[t]), _mm512_loadu_ps(v_block + t * slot_stride + i), oi);
+      _mm512_storeu_ps(o + i, oi);
+    }
+  }
+}
+#endif
+
 // The blocks [first, last) of split s when a sequence's n_blocks are cut into num_splits near-equal runs.
 inline int64_t split_start(int64_t n_blocks, int64_t s, int64_t num_splits) { return n_blocks * s / num_splits; }
 
@@ -108,18 +174,28 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k_pool, const to
       std::fill(acc.begin(), acc.end(), acc_t(0));
       std::fill(m.begin(), m.end(), neg_inf);
       std::fill(l.begin(), l.end(), acc_t(0));
-      const int64_t last = split_start(n_blocks, s + 1, num_splits);
-      for (int64_t j = split_start(n_blocks, s, num_splits); j < last; ++j) {
+      const int64_t first = split_start(n_blocks, s, num_splits), last = split_start(n_blocks, s + 1, num_splits);
+      for (int64_t j = first; j < last; ++j) {
         const int64_t block = tables[b * table_stride + j];
         const int64_t n_valid = std::min(block_size, ctx - j * block_size);  // slots holding context
         const scalar_t* k_block = k_ptr + block * block_size * slot_stride + kv * d;  // slot t at + t * slot_stride
         const scalar_t* v_block = v_ptr + block * block_size * slot_stride + kv * d;
-        if (j + 1 < last) {  // the next block's rows, while this one is computed
-          const int64_t next = tables[b * table_stride + j + 1];
-          const int64_t next_valid = std::min(block_size, ctx - (j + 1) * block_size);
+        for (int64_t ahead = (j == first ? 1 : kPrefetchBlocks); ahead <= kPrefetchBlocks; ++ahead) {
+          if (j + ahead >= last) break;  // the rows of the blocks ahead, while this one is computed
+          const int64_t next = tables[b * table_stride + j + ahead];
+          const int64_t next_valid = std::min(block_size, ctx - (j + ahead) * block_size);
           prefetch_rows(k_ptr + next * block_size * slot_stride + kv * d, next_valid, slot_stride, d);
           prefetch_rows(v_ptr + next * block_size * slot_stride + kv * d, next_valid, slot_stride, d);
         }
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (d % 16 == 0) {
+            attend_block_avx512(q_group, group, d, k_block, v_block, n_valid, slot_stride, static_cast<float>(scale),
+                                scores.data(), block_size, m.data(), l.data(), acc.data());
+            continue;
+          }
+        }
+#endif
         for (int64_t t = 0; t < n_valid; ++t)  // each key row read from memory once, for every head of the group
           for (int64_t g = 0; g < group; ++g)
             scores[g * block_size + t] = dot<scalar_t, acc_t>(q_group + g * d, k_block + t * slot_stride, d) *
@@ -131,22 +207,32 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k_pool, const to
           const acc_t new_m = std::max(m[g], block_max);  // finite: every block holds >= 1 context slot
           const acc_t rescale = std::exp(m[g] - new_m);  // exp(-inf) = 0 on the split's first block
           acc_t sum = 0;
-          for (int64_t t = 0; t < n_valid; ++t) {  // scores become weights in place (a vector loop for float32)
-            sg[t] = exp_nonpositive(sg[t] - new_m);
-            sum += sg[t];
-          }
+          // scores become weights in place: a loop of its own (no running sum in it), so float32's vectorises
+          for (int64_t t = 0; t < n_valid; ++t) sg[t] = exp_nonpositive(sg[t] - new_m);
+          for (int64_t t = 0; t < n_valid; ++t) sum += sg[t];
           acc_t* o = acc.data() + g * d;
           for (int64_t i = 0; i < d; ++i) o[i] *= rescale;
           l[g] = l[g] * rescale + sum;
           m[g] = new_m;
         }
-        for (int64_t t = 0; t < n_valid; ++t) {  // each value row read from memory once, for every head
-          const scalar_t* vt = v_block + t * slot_stride;
-          for (int64_t g = 0; g < group; ++g) {
-            const acc_t p = scores[g * block_size + t];
-            acc_t* o = acc.data() + g * d;
-            for (int64_t i = 0; i < d; ++i) o[i] += p * static_cast<acc_t>(vt[i]);
+        // o += p . V, kLanes * 2 columns of o at a time held in registers over the block's rows (written back once
+        // per block, not once per row); the rows are the block's, read from L1 after the first head
+        for (int64_t g = 0; g < group; ++g) {
+          const acc_t* pg = scores.data() + g * block_size;
+          acc_t* o = acc.data() + g * d;
+          int64_t i = 0;
+          for (; i + 2 * kLanes <= d; i += 2 * kLanes) {
+            acc_t part[2 * kLanes];
+            for (int64_t j = 0; j < 2 * kLanes; ++j) part[j] = o[i + j];
+            for (int64_t t = 0; t < n_valid; ++t) {
+              const scalar_t* vt = v_block + t * slot_stride + i;
+              const acc_t p = pg[t];
+              for (int64_t j = 0; j < 2 * kLanes; ++j) part[j] += p * static_cast<acc_t>(vt[j]);
+            }
+            for (int64_t j = 0; j < 2 * kLanes; ++j) o[i + j] = part[j];
           }
+          for (; i < d; ++i)
+            for (int64_t t = 0; t < n_valid; ++t) o[i] += pg[t] * static_cast<acc_t>(v_block[t * slot_stride + i]);
         }
       }
       if (num_splits == 1) {
