@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -54,9 +55,14 @@ def extensions_root() -> Path:
 
 
 def build_name(source: Path, prefix: str = "labkit_paged_decode") -> str:
-    """The module's name: the source and this CPU's features in a hash (``-march=native`` code is not portable), so
-    an edited kernel or another machine sharing the cache directory gets its own build."""
+    """The module's name: the source, the labkit headers it includes (``#include "..."``) and this CPU's features in a
+    hash (``-march=native`` code is not portable), so an edited kernel or another machine sharing the cache directory
+    gets its own build."""
     key = hashlib.sha256(source.read_bytes())
+    for header in re.findall(r'^#include "([^"]+)"', source.read_text(), flags=re.MULTILINE):  # labkit's own headers
+        path = source.parent / header
+        if path.exists():
+            key.update(path.read_bytes())
     cpuinfo = Path("/proc/cpuinfo")
     flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "") \
         if cpuinfo.exists() else ""

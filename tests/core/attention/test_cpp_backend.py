@@ -399,3 +399,15 @@ def test_decodes_run_on_one_thread_while_another_process_holds_a_core(kernel: Mo
         stalled[0] = True  # as if stalls had just been seen
         llm.generate(["Once upon a time"], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
         assert seen and not any(seen)
+
+
+def test_an_edited_header_gets_its_own_build(tmp_path: Path) -> None:
+    """The build's name hashes the labkit headers a source includes (exp_f32.h is shared by both kernels): editing
+    one must not reuse a build of the old code."""
+    source, header = tmp_path / "kernel.cpp", tmp_path / "shared.h"
+    source.write_text('#include <torch/extension.h>\n#include "shared.h"\n')
+    header.write_text("inline float f() { return 1.0f; }\n")
+    before = cpp_decode.build_name(source)
+    header.write_text("inline float f() { return 2.0f; }\n")
+    assert cpp_decode.build_name(source) != before
+    assert cpp_decode.build_name(cpp_decode.SOURCE) != cpp_decode.build_name(cpp_decode.SOURCE, "other")  # prefix

@@ -13,6 +13,8 @@
 // Built by labkit/core/attention/cpp_decode.py; introduced in notebook 06.
 #include <torch/extension.h>
 
+#include "exp_f32.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -57,31 +59,13 @@ inline void prefetch_rows(const scalar_t* first, int64_t rows, int64_t row_strid
     for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + t * stride_bytes + off, 0, 3);
 }
 
-// exp(x) for x <= 0 in float32 without a library call, so a loop over a block's scores vectorises (std::exp is one
-// call per score: a third of the kernel's time on a CPU). 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r
-// by Cephes' degree-6 polynomial: within 2 ulp of std::exp. Below -87.3 (where e^x underflows float32's normal
-// range) it returns e^-87.3 ~ 1e-38: weights that small vanish against the largest, exp(0) = 1, in any sum.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.3f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n * ln 2, ln 2 split in two for accuracy
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n as a float's exponent field
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-inline double exp_nonpositive(double x) { return std::exp(x); }  // float64 keeps the library's exp: the exact path
+// exp(x) for x <= 0: labkit's float32 exp (exp_f32.h: a loop over it vectorises; std::exp is one call per score).
+inline float exp_nonpositive(float x) { return labkit::exp_f32(x); }
+inline double exp_nonpositive(double x) { return std::exp(x); }  // float64 keeps the library's exp
 
 #if defined(__AVX512F__)
-// exp_nonpositive's steps on 16 lanes at once (compiled -march=native on a CPU with AVX-512, as the GEMV kernels are).
+// exp_f32's steps (exp_f32.h) for x <= 0, on 16 lanes at once (compiled -march=native on a CPU with AVX-512,
+// as the GEMV kernels are).
 inline __m512 exp_nonpositive16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
   const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),

@@ -17,6 +17,8 @@
 // so a byte's low nibbles meet x[0:16] and its high nibbles x[16:32] of the block (gemv.py permutes it).
 #include <torch/extension.h>
 
+#include "../../attention/csrc/exp_f32.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -323,26 +325,7 @@ torch::Tensor rms_norm_f32(const torch::Tensor& x, const torch::Tensor& w, doubl
   return y;
 }
 
-// exp(x) in float32 without a library call, so a loop over it vectorises (std::exp is one call per element; PyTorch's
-// own CPU ops use a vectorised exp for the same reason): 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, and
-// e^r by Cephes' degree-6 polynomial, within 2 ulp of std::exp. x is clamped to [-87.3, 88.3], where 2^n stays a
-// normal float: e^x is then ~1e-38 or ~2e38 instead of 0 or inf, which no caller below can tell apart.
-inline float exp_f32(float x) {
-  x = std::min(std::max(x, -87.3f), 88.3f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n * ln 2, ln 2 split in two for accuracy
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n as a float's exponent field
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+using labkit::exp_f32;  // ../../attention/csrc/exp_f32.h
 
 void check_rows(const torch::Tensor& x, const char* name) {
   check_cpu(x, name);
