@@ -66,7 +66,7 @@ class LayerCalls:
 
 
 def float_linear(module: ModuleType, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearCall:
-    task_rows = max(1, -(-gemv.MIN_TASK_BYTES // (weight.shape[1] * 4)))  # gemv.grain's, for a thread team
+    task_rows = gemv.task_rows(weight.shape[1] * 4)  # for a thread team (applies() declines while one stalls)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         y = module.gemv_f32(x, weight, task_rows)
@@ -77,13 +77,13 @@ def float_linear(module: ModuleType, weight: torch.Tensor, bias: torch.Tensor | 
 def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
                      bias: torch.Tensor | None) -> LinearCall:
     if method == "int8":
-        task_rows = max(1, -(-gemv.MIN_TASK_BYTES // qweight.shape[1]))
+        task_rows = gemv.task_rows(qweight.shape[1])
 
         def run(x: torch.Tensor) -> torch.Tensor:
             y = module.gemv_int8(x, qweight, scales, task_rows)
             return y if bias is None else y + bias
     else:
-        task_rows = max(1, -(-gemv.MIN_TASK_BYTES // (qweight.shape[1] + scales.shape[1] * 4)))
+        task_rows = gemv.task_rows(qweight.shape[1] + scales.shape[1] * 4)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             y = module.gemv_int4(gemv.permute_for_int4(x), qweight, scales, group_size, task_rows)

@@ -49,12 +49,17 @@ def _fallback_warning(reason: str) -> None:
                   RuntimeWarning, stacklevel=4)
 
 
+def task_rows(row_bytes: int) -> int:
+    """Output rows per thread task on a thread team: at least MIN_TASK_BYTES of weight each."""
+    return max(1, -(-MIN_TASK_BYTES // max(1, row_bytes)))
+
+
 def grain(rows: int, row_bytes: int) -> int:
-    """Output rows per thread task: at least MIN_TASK_BYTES of weight each; all rows on one thread while another
-    process holds a core (StallWatch in labkit.core.model.linear: a thread team would wait for it every call)."""
+    """``task_rows``, or all rows on one thread while another process holds a core (StallWatch in
+    labkit.core.model.linear: a thread team would wait for it every call)."""
     if STALL_WATCH.recent():
         return max(1, rows)
-    return max(1, -(-MIN_TASK_BYTES // max(1, row_bytes)))
+    return task_rows(row_bytes)
 
 
 def permute_for_int4(x: torch.Tensor) -> torch.Tensor:
@@ -69,8 +74,7 @@ def gemv_f32(x: torch.Tensor, weight: torch.Tensor, threads: bool = True) -> tor
     (what ``grain`` does while another process holds a core: the caller, ``LinearKernel``, has just asked)."""
     module = _module()
     rows = weight.shape[0]
-    task_rows = max(1, -(-MIN_TASK_BYTES // max(1, weight.shape[1] * 4))) if threads else max(1, rows)
-    return module.gemv_f32(x.contiguous(), weight, task_rows)
+    return module.gemv_f32(x.contiguous(), weight, task_rows(weight.shape[1] * 4) if threads else max(1, rows))
 
 
 def gemv_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
