@@ -1,13 +1,14 @@
 """A CPU decode step as a prebuilt list of C++ calls: the CPU's counterpart of CUDA graphs (notebook 10).
 
-Run layer by layer, a decode step of a small model spends as long in Python as in its weights' bytes: each layer is
+Run layer by layer, a decode step of a small model spends milliseconds in Python between its kernels: each layer is
 a dozen module calls, each linear layer re-checks its shape, dtype, layout and kernel, and every PyTorch op costs
 ~2-5 µs of dispatch for a few hundred floats (notebook 10 measures it; on smollm2-135m about 100 µs a layer, 3 ms
-a step). A CUDA graph removes that on a GPU by replaying the recorded kernels. On a CPU, ``DecodePlan`` does the
-checks once: it walks the model, records for every layer which C++ kernel runs each step (labkit's GEMV kernels
-for float32, int8 and int4 weights, RMSNorm, RoPE, SwiGLU's gate, the paged K/V write and decode attention) and
-the tensors each reads, and then runs a decode step as that list of calls. The arithmetic is the same as the
-layer-by-layer path's decode (the same kernels, in the same order), so the tokens are too.
+a step, measured with the GEMV kernel stubbed out). A CUDA graph removes that on a GPU by replaying the recorded
+kernels. On a CPU, ``DecodePlan`` does the checks once: it walks the model, records for every layer which C++
+kernel runs each step (labkit's GEMV kernels for float32, int8 and int4 weights, RMSNorm, RoPE, SwiGLU's gate, the
+paged K/V write and decode attention) and the tensors each reads, and then runs a decode step as that list of calls.
+The arithmetic is the same as the layer-by-layer path's decode (the same kernels, in the same order): so are the
+tokens.
 
 Like a captured graph, a plan goes stale when what it recorded changes: before each step it checks that every
 module, parameter and kernel choice it read is still in place (about 0.1 ms on a 30-layer model) and is rebuilt if
