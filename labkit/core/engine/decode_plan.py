@@ -87,7 +87,7 @@ def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, sca
         task_rows = gemv.task_rows(qweight.shape[1] + scales.shape[1] * 4)
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            y = module.gemv_int4(gemv.permute_for_int4(x), qweight, scales, group_size, task_rows)
+            y = module.gemv_int4(x, qweight, scales, group_size, task_rows)
             return y if bias is None else y + bias
     return LinearCall(run, (qweight, scales) + (() if bias is None else (bias,)))
 

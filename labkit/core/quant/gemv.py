@@ -62,13 +62,6 @@ def grain(rows: int, row_bytes: int) -> int:
     return task_rows(row_bytes)
 
 
-def permute_for_int4(x: torch.Tensor) -> torch.Tensor:
-    """(B, in) -> (B, in): each block of 32 inputs reordered to (even inputs, odd inputs), so a packed byte's low
-    nibbles (even elements) meet the block's first 16 inputs and its high nibbles (odd elements) the last 16."""
-    b, n = x.shape
-    return x.reshape(b, n // 32, 16, 2).transpose(2, 3).reshape(b, n).contiguous()  # (B, in)
-
-
 def gemv_f32(x: torch.Tensor, weight: torch.Tensor, threads: bool = True) -> torch.Tensor:
     """x (B, in) float32, weight (out, in) float32 contiguous -> (B, out); ``threads`` False: all rows on one thread
     (what ``grain`` does while another process holds a core: the caller, ``LinearKernel``, has just asked)."""
@@ -87,7 +80,7 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group
     """x (B, in) float32, packed (out, in / 2) uint8, scales (out, in / group_size) float32 -> (B, out)."""
     module = _module()
     row_bytes = packed.shape[1] + scales.shape[1] * 4
-    return module.gemv_int4(permute_for_int4(x), packed, scales, group_size, grain(packed.shape[0], row_bytes))
+    return module.gemv_int4(x.contiguous(), packed, scales, group_size, grain(packed.shape[0], row_bytes))
 
 
 LOADED: list[ModuleType] = []  # the module once loaded: every decode layer's calls ask for it
