@@ -10,9 +10,11 @@ paged K/V write and decode attention) and the tensors each reads, and then runs 
 The arithmetic is the same as the layer-by-layer path's decode (the same kernels, in the same order): so are the
 tokens.
 
-Like a captured graph, a plan goes stale when what it recorded changes: before each step it checks that every
-module, parameter and kernel choice it read is still in place (about 0.1 ms on a 30-layer model) and is rebuilt if
-not. It runs only what it was built for: float32 activations on a CPU, a decode-only step of at most ``max_rows``
+Like a captured graph, a plan goes stale when what it recorded changes: before the first decode step after requests
+arrive (``EngineCore.add_request`` calls ``recheck``) it checks that every module, parameter and kernel choice it read
+is still in place and is rebuilt if not. That is where user code can have changed the model (between ``generate``
+calls); checking before every step cost about 0.5 ms of a smollm2-135m step (some 1,800 objects, cold in the cache
+after the weights streamed past; measured), as much as a tenth of an int4 step. It runs only what it was built for: float32 activations on a CPU, a decode-only step of at most ``max_rows``
 sequences on the ``"cpp"`` attention backend, Llama-style layers (labkit's own modules, no q/k norm), no stall
 watch tripped; every other step runs layer by layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14
 measures it (``scripts/bench_quantization.py``).
@@ -49,7 +51,7 @@ class LinearCall:
     """One linear layer as the plan runs it: x (N, in) contiguous float32 -> (N, out)."""
 
     run: Callable[[torch.Tensor], torch.Tensor]
-    tensors: tuple[torch.Tensor, ...]  # what it reads (their addresses are checked before each step)
+    tensors: tuple[torch.Tensor, ...]  # what it reads (their addresses are checked after requests arrive)
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class DecodePlan:
         self.built = False  # whether build ran (successfully or not) since the plan was made
         self.forwards: dict[type, Callable[..., torch.Tensor]] = {}  # each planned class's forward at the build
         self.builds = 0  # how often a plan was built (a rebuild means something it read changed)
+        self.checked = False  # whether current() has checked what the plan read since requests last arrived
         self.steps = 0  # decode steps it ran
 
     def applies(self, input_ids: torch.Tensor, backend: object) -> bool:
@@ -114,12 +117,19 @@ class DecodePlan:
                 and self.model.device.type == "cpu" and self.model.dtype == torch.float32
                 and not torch.is_grad_enabled() and not STALL_WATCH.recent())
 
+    def recheck(self) -> None:
+        """Check what the plan read again before its next step (requests arrived: the model may have changed)."""
+        self.checked = False
+
     def current(self) -> bool:
-        """Whether everything the plan read is still what the model holds (built now if it never was)."""
-        if not self.built or any(holder.get(key) is not obj for holder, key, obj in self.refs) \
-                or any(cls.forward is not forward for cls, forward in self.forwards.items()) \
-                or [t.data_ptr() for t in self.tensors] != self.addresses:
-            self.build()
+        """Whether everything the plan read is still what the model holds (built now if it never was); checked
+        once after each ``recheck``."""
+        if not self.checked:
+            self.checked = True
+            if not self.built or any(holder.get(key) is not obj for holder, key, obj in self.refs) \
+                    or any(cls.forward is not forward for cls, forward in self.forwards.items()) \
+                    or [t.data_ptr() for t in self.tensors] != self.addresses:
+                self.build()
         return self.layers is not None
 
     def build(self) -> None:

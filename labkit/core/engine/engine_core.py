@@ -169,6 +169,8 @@ class EngineCore(Engine):
 
     def add_request(self, seq: Sequence) -> None:
         self.scheduler.add_request(seq)
+        if self.runner.decode_plan is not None:  # user code may have changed the model since the last request
+            self.runner.decode_plan.recheck()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -121,6 +121,21 @@ def test_a_changed_weight_is_read_by_a_rebuilt_plan(bundled_path: Path, prompt_i
         assert plan_of(planned).builds == 2  # rebuilt once, for the edit
 
 
+def test_what_the_plan_read_is_checked_once_after_requests_arrive(bundled_path: Path,
+                                                                  prompt_ids: list[list[int]],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True) as llm:
+        plan = plan_of(llm)
+        tokens(llm, prompt_ids)
+        checks: list[int] = []
+        monkeypatch.setattr(DecodePlan, "build", lambda self: checks.append(self.steps))  # the plan kept as it is
+        plan.addresses = []  # what a tensor given new memory (.data) looks like to the check: every check rebuilds
+        steps = plan.steps
+        tokens(llm, prompt_ids[:1])  # one request arrives: 7 decode steps
+        assert plan.steps - steps == PARAMS.max_tokens - 1
+        assert checks == [steps]  # checked before the first of them, not before each
+
+
 def test_a_kernel_choice_or_a_learners_module_is_never_bypassed(bundled_path: Path,
                                                                  prompt_ids: list[list[int]]) -> None:
     with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True) as llm:
