@@ -128,6 +128,25 @@ def test_splits_merge_to_the_same_attention(kernel: ModuleType, dtype: torch.dty
     torch.testing.assert_close(got, whole, **tol)
 
 
+@pytest.mark.parametrize("d", [64, 128, 48])
+@pytest.mark.parametrize("block_size", [8, 16, 24, 32])
+def test_sixteen_lane_paths_for_every_block_shape(kernel: ModuleType, d: int, block_size: int) -> None:
+    """float32 blocks on 16-lane vectors: head_dim 64 and 128 take the register-blocked score and p . V loops
+    (qk16, pv_chunks) on whole runs of 16 rows, the generic vector loops on shorter runs (block sizes 8 and 24, a
+    context's last rows); 48 takes the generic loops throughout. Each equals SDPA on the same context."""
+    gen = torch.Generator().manual_seed(d * 100 + block_size)
+    n_kv, group = 2, 3
+    lens = [1, 15, 16, 17, block_size * 5 + 3, 200]
+    k_pool, v_pool, tables = random_pool(block_size, n_kv, d, torch.float32, lens, gen)
+    q = torch.randn(len(lens), n_kv * group, d, generator=gen)
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    for num_splits in (1, 2):
+        got = cpp_decode.paged_decode_attention(q, k_pool, v_pool, padded, ctx, num_splits=num_splits)
+        torch.testing.assert_close(got, sdpa_reference(q, k_pool, v_pool, tables, lens), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("tasks,threads,max_blocks,want", [
     (3, 2, 19, 2),  # batch 1, 3 KV heads, 2 threads: 6 tasks, 3 each instead of 2 and 1
     (2, 2, 19, 1),  # already even
