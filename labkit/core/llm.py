@@ -52,8 +52,9 @@ class LLM:
         device: "auto" (cuda, then mps, then cpu), or a torch device string.
         dtype: "auto" (bf16 on capable GPUs, float32 elsewhere), "float32", "bfloat16", "float16", "float64".
         seed: seeds unseeded sampled requests, so a whole run is reproducible.
-        quantization: None, "int8" or "int4" (vLLM's name), or a ``QuantizationConfig`` (int4's group size):
-            weight-only quantization of every linear layer at load (``labkit.core.quant``, notebook 14).
+        quantization: None, "int8" or "int4" (vLLM's name), or a ``QuantizationConfig`` (int4's group size, and
+            ``activations="int8"`` to round decode calls' inputs too): quantization of every linear layer at load
+            (``labkit.core.quant``, notebook 14).
         **engine_options: the engine's options (vLLM names, e.g. max_model_len).
     """
 

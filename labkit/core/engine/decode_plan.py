@@ -52,6 +52,7 @@ class LinearCall:
 
     run: Callable[[torch.Tensor], torch.Tensor]
     tensors: tuple[torch.Tensor, ...]  # what it reads (their addresses are checked after requests arrive)
+    kernel: str  # the C++ function it calls: "gemv_f32", "gemv_int8", "gemv_int4" or "gemv_int4_a8"
 
 
 @dataclass(frozen=True)
@@ -74,24 +75,27 @@ def float_linear(module: ModuleType, weight: torch.Tensor, bias: torch.Tensor | 
     def run(x: torch.Tensor) -> torch.Tensor:
         y = module.gemv_f32(x, weight, task_rows)
         return y if bias is None else y + bias
-    return LinearCall(run, (weight,) + (() if bias is None else (bias,)))
+    return LinearCall(run, (weight,) + (() if bias is None else (bias,)), "gemv_f32")
 
 
 def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
-                     bias: torch.Tensor | None) -> LinearCall:
+                     bias: torch.Tensor | None, activations: str = "float") -> LinearCall:
     if method == "int8":
+        name = "gemv_int8"
         task_rows = gemv.task_rows(qweight.shape[1])
 
         def run(x: torch.Tensor) -> torch.Tensor:
             y = module.gemv_int8(x, qweight, scales, task_rows)
             return y if bias is None else y + bias
     else:
+        name = "gemv_int4_a8" if activations == "int8" else "gemv_int4"  # the layer's own choice (QuantizedLinear)
         task_rows = gemv.task_rows(qweight.shape[1] + scales.shape[1] * 4)
+        kernel = getattr(module, name)
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            y = module.gemv_int4(x, qweight, scales, group_size, task_rows)
+            y = kernel(x, qweight, scales, group_size, task_rows)
             return y if bias is None else y + bias
-    return LinearCall(run, (qweight, scales) + (() if bias is None else (bias,)))
+    return LinearCall(run, (qweight, scales) + (() if bias is None else (bias,)), name)
 
 
 class DecodePlan:
@@ -212,8 +216,9 @@ class DecodePlan:
             return float_linear(module, weight, part.bias)  # type: ignore[arg-type]
         if type(part) is QuantizedLinear or type(part) is QuantizedMergedLinear:
             first = linears[0]
+            self.refs.append((vars(first), "activations", first.activations))  # the kernel it picks
             return quantized_linear(module, first.method, part.qweight, part.scales,  # type: ignore[union-attr]
-                                    first.group_size, part.bias)  # type: ignore[union-attr]
+                                    first.group_size, part.bias, first.activations)  # type: ignore[union-attr]
         self.why_not = f"a linear layer of type {type(part).__name__} is not planned"
         return None
 

@@ -2,7 +2,10 @@
 
 ``LLM(..., quantization="int8")`` stores every linear layer's weight as int8 with one float32 scale per output
 channel (row); ``"int4"`` stores two 4-bit values per byte with one float32 scale per ``group_size`` inputs of a row.
-A ``QuantizationConfig`` names the group size (``QuantizationConfig("int4", group_size=64)``). The embedding table
+A ``QuantizationConfig`` names the group size (``QuantizationConfig("int4", group_size=64)``) and, for int4, whether
+decode-shaped calls round their activations to int8 (``activations="int8"``: llama.cpp's Q4_0 x Q8_0 scheme, so an
+integer dot-product instruction does the multiplying; the weights are stored the same way, prefill keeps float
+activations). The embedding table
 stays in the model's dtype: a lookup reads one row per token, so there are no bytes to save in decode. ``lm_head``
 (the largest single matrix of a small model, tied or not) is quantized like the rest unless ``lm_head=False``.
 Introduced in notebook 14 (``14_quantization``).
@@ -17,6 +20,7 @@ import torch
 QUANTIZATION_METHODS = ("int8", "int4")  # vLLM's option name quantization=..., labkit's two weight-only formats
 INT4_GROUP_SIZES = (32, 64, 128)  # inputs per int4 scale: multiples of 32, the kernel's unit (16 bytes)
 DEFAULT_INT4_GROUP_SIZE = 32
+ACTIVATION_FORMATS = ("float", "int8")  # what an int4 layer's decode kernel multiplies the weights by
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # dtypes a quantized layer computes in
 
 
@@ -27,6 +31,7 @@ class QuantizationConfig:
     method: str
     group_size: int = DEFAULT_INT4_GROUP_SIZE  # int4 only; int8 has one scale per output channel
     lm_head: bool = True  # quantize lm_head too (the embedding table never is)
+    activations: str = "float"  # int4 only: "int8" rounds a decode call's inputs to int8 (one scale per 32 inputs)
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -35,11 +40,19 @@ class QuantizationConfig:
         if self.method == "int4" and self.group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"int4 group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))} (a multiple "
                              f"of 32 inputs), got {self.group_size!r}")
+        if self.activations not in ACTIVATION_FORMATS:
+            raise ValueError(f"activations must be one of {', '.join(map(repr, ACTIVATION_FORMATS))}, got "
+                             f"{self.activations!r}")
+        if self.activations == "int8" and self.method != "int4":
+            raise ValueError("activations='int8' is implemented for int4 weights (method='int4'), not for "
+                             f"{self.method!r}")
 
     @property
     def name(self) -> str:
-        """Short label: "int8", "int4-g32"."""
-        return self.method if self.method == "int8" else f"int4-g{self.group_size}"
+        """Short label: "int8", "int4-g32", "int4-g32-a8" (int8 activations)."""
+        if self.method == "int8":
+            return "int8"
+        return f"int4-g{self.group_size}" + ("-a8" if self.activations == "int8" else "")
 
     @property
     def bits(self) -> float:

@@ -83,6 +83,14 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group
     return module.gemv_int4(x.contiguous(), packed, scales, group_size, grain(packed.shape[0], row_bytes))
 
 
+def gemv_int4_a8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """As ``gemv_int4``, with x rounded to int8 inside the call (one float32 scale, amax / 127, per 32 inputs) and
+    the products summed as integers (AVX-512 VNNI where the CPU has it); group_size 32, 64 or 128."""
+    module = _module()
+    row_bytes = packed.shape[1] + scales.shape[1] * 4
+    return module.gemv_int4_a8(x.contiguous(), packed, scales, group_size, grain(packed.shape[0], row_bytes))
+
+
 LOADED: list[ModuleType] = []  # the module once loaded: every decode layer's calls ask for it
 
 

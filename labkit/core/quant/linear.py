@@ -21,9 +21,9 @@ from labkit.core.quant.weights import Quantizer, dequantize_weight, quantize_wei
 
 
 def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, group_size: int,
-                     bias: torch.Tensor | None) -> torch.Tensor:
-    """(..., in) -> (..., out): the GEMV kernel for decode-shaped calls on a CPU in float32, else dequantize and
-    ``F.linear`` in x's dtype."""
+                     bias: torch.Tensor | None, activations: str = "float") -> torch.Tensor:
+    """(..., in) -> (..., out): the GEMV kernel for decode-shaped calls on a CPU in float32 (``activations="int8"``:
+    int4 weights times x rounded to int8), else dequantize and ``F.linear`` in x's dtype."""
     n_in = qweight.shape[1] * (2 if method == "int4" else 1)
     rows = x.numel() // n_in
     if (x.device.type == "cpu" and x.dtype == torch.float32 and rows <= gemv.MAX_KERNEL_ROWS
@@ -31,6 +31,8 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
         x2 = x.reshape(rows, n_in)  # (B, in)
         if method == "int8":
             y = gemv.gemv_int8(x2, qweight, scales)
+        elif activations == "int8":
+            y = gemv.gemv_int4_a8(x2, qweight, scales, group_size)  # (B, out)
         else:
             y = gemv.gemv_int4(x2, qweight, scales, group_size)  # (B, out)
         if bias is not None:
@@ -51,7 +53,7 @@ class QuantizedLinear(nn.Module):
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.method, self.group_size = config.method, config.group_size
+        self.method, self.group_size, self.activations = config.method, config.group_size, config.activations
         if config.method == "int8":
             self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
             self.register_buffer("scales", torch.ones(out_features, device=device))
@@ -77,6 +79,7 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.method == "int4" else ""
+        group += ", int8 activations" if self.activations == "int8" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.method}{group}"
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -89,7 +92,7 @@ class QuantizedLinear(nn.Module):
         return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * self.scales.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_matmul(x, self.qweight, self.scales, self.method, self.group_size, self.bias)
+        return quantized_matmul(x, self.qweight, self.scales, self.method, self.group_size, self.bias, self.activations)
 
 
 class QuantizedMergedLinear:
@@ -113,7 +116,7 @@ class QuantizedMergedLinear:
             self._merge()
         first = self.linears[0]
         return quantized_matmul(x, self.qweight, self.scales, first.method, first.group_size,  # type: ignore[arg-type]
-                                self.bias)
+                                self.bias, first.activations)
 
     def _is_merged(self) -> bool:
         if self.qweight is None:

@@ -15,6 +15,7 @@ from labkit.core.attention import cpp_decode
 from labkit.core.engine.decode_plan import DecodePlan
 from labkit.core.model.layers import MLP
 from labkit.core.model.linear import STALL_WATCH, set_linear_kernel
+from labkit.core.quant import QuantizationConfig
 from labkit.course.oracle import transformers_greedy
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -67,8 +68,9 @@ def test_tokens_equal_transformers(engine: str, options: dict, bundled_path: Pat
         assert bm.num_free_blocks == bm.num_blocks  # no KV block leaked
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: str, bundled_path: Path,
+@pytest.mark.parametrize("quantization", ["int8", "int4", QuantizationConfig("int4", activations="int8")],
+                         ids=["int8", "int4", "int4-a8"])
+def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: object, bundled_path: Path,
                                                         prompt_ids: list[list[int]]) -> None:
     runs = []
     for plan in (False, True):
@@ -77,6 +79,12 @@ def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: str, bundl
             runs.append(tokens(llm, prompt_ids))
             if plan:
                 assert plan_of(llm).steps > 0
+                layers = plan_of(llm).layers or []
+                kernels = {call.kernel for layer in layers for call in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                                        layer.down)}
+                want = "gemv_int8" if quantization == "int8" else "gemv_int4" if quantization == "int4" else \
+                    "gemv_int4_a8"  # the kernel the layers run layer by layer (QuantizedLinear's choice)
+                assert kernels == {want}
     assert runs[0] == runs[1]
 
 

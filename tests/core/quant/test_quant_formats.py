@@ -76,6 +76,47 @@ def test_kernels_match_the_dequantized_reference(batch: int) -> None:
                                    atol=1e-4)
 
 
+def int8_activations_reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                               group: int) -> torch.Tensor:
+    """What gemv_int4_a8 computes, spelled out: x rounded to int8 per 32 inputs (scale amax / 127, ties to even),
+    times the int4 weights, each product scaled by its weight group's and input group's scales."""
+    batch, n = x.shape
+    blocks = x.reshape(batch, n // 32, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    xq = torch.round(blocks * inv)  # (B, n / 32, 32): integers in [-127, 127]
+    x_used = (xq * (amax / 127.0)).reshape(batch, n)
+    return (x_used.double() @ dequantize_int4(packed, scales, group).double().T).float()
+
+
+@pytest.mark.parametrize("n_in,group,batch", [(576, 32, 1), (576, 64, 3), (1536, 128, 9), (64, 32, 2), (160, 32, 1),
+                                              (128, 128, 16)])
+def test_int8_activation_kernel_matches_its_reference(n_in: int, group: int, batch: int) -> None:
+    if gemv.load_gemv(warn=False) is None:
+        pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
+    w = weights(70, n_in, seed=n_in + group)
+    x = torch.randn(batch, n_in, generator=torch.Generator().manual_seed(batch)) * torch.logspace(-2, 1, n_in)
+    x[0, :32] = 0.0  # an all-zero group of inputs: scale 0, no division by it
+    packed, scales = quantize_int4(w, group)
+    got = gemv.gemv_int4_a8(x, packed, scales, group)
+    want = int8_activations_reference(x, packed, scales, group)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # the integer sums are exact; float order differs
+    floats = x @ dequantize_int4(packed, scales, group).T  # the same weights with the inputs unrounded
+    assert float((got - floats).norm() / floats.norm()) < 0.02  # x's rounding: ~0.4% of each input at most
+    module = gemv.load_gemv()
+    assert torch.equal(module.gemv_int4_a8(x, packed, scales, group, 1),
+                       module.gemv_int4_a8(x, packed, scales, group, 10**6))  # any thread split, the same bits
+
+
+def test_int8_activation_kernel_refuses_a_group_it_cannot_read() -> None:
+    module = gemv.load_gemv(warn=False)
+    if module is None:
+        pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
+    packed, scales = quantize_int4(weights(8, 192, seed=1), 96)
+    with pytest.raises(RuntimeError, match="group size must be 32, 64 or 128 and divide in"):
+        module.gemv_int4_a8(torch.randn(1, 192), packed, scales, 96, 1)
+
+
 def test_kernel_result_does_not_depend_on_threads() -> None:
     if gemv.load_gemv(warn=False) is None:
         pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
@@ -124,6 +165,9 @@ def test_bad_options_are_named() -> None:
         resolve_quantization("fp4")
     with pytest.raises(ValueError, match="group_size must be one of 32, 64, 128"):
         QuantizationConfig("int4", group_size=48)
+    with pytest.raises(ValueError, match="activations='int8' is implemented for int4 weights"):
+        QuantizationConfig("int8", activations="int8")
+    assert QuantizationConfig("int4", 64, activations="int8").name == "int4-g64-a8"
     with pytest.raises(ValueError, match="in_features divisible by 64.*in_features=96"):
         quantize_int4(torch.randn(4, 96), 64)
     with pytest.raises(ValueError, match="not torch.float64"):

@@ -12,7 +12,8 @@ from labkit.core.attention import ATTENTION_BACKENDS
 from labkit.core.quant import QuantizationConfig, QuantizedLinear, weight_bytes
 from labkit.measure.corpus import story_prompts
 
-FORMATS = ["int8", "int4"]
+A8 = QuantizationConfig("int4", activations="int8")  # int4 weights, decode calls' inputs rounded to int8
+FORMATS = ["int8", "int4", pytest.param(A8, id="int4-a8")]
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 SINGLE_PROCESS_ENGINES = ["naive", "kvcache", "paged", "continuous", "chunked"]
 
@@ -36,12 +37,13 @@ def test_none_is_transformers_greedy(bundled_path) -> None:
 
 @pytest.mark.parametrize("quantization", FORMATS)
 def test_every_linear_layer_quantized_and_logits_those_of_the_dequantized_weights(bundled_path,
-                                                                                 quantization: str) -> None:
+                                                                                 quantization: object) -> None:
     ref, llm = LLM(str(bundled_path)), LLM(str(bundled_path), quantization=quantization)
     layers = [m for m in llm.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 7 * llm.model_config.num_hidden_layers + 1  # q k v o gate up down per layer, lm_head
     assert isinstance(llm.model.model.embed_tokens, torch.nn.Embedding)  # the table stays float
     assert weight_bytes(llm.model) < weight_bytes(ref.model) / (3 if quantization == "int8" else 5)
+    a8 = isinstance(quantization, QuantizationConfig) and quantization.activations == "int8"
     with torch.no_grad():  # fake-quantize the float model: the same weights in float32
         named = dict(ref.model.named_modules())
         for name, m in llm.model.named_modules():
@@ -52,12 +54,16 @@ def test_every_linear_layer_quantized_and_logits_those_of_the_dequantized_weight
         for rows in (ids.shape[1], 1):  # the prefill path and the decode (GEMV kernel) path
             got = llm.model.compute_logits(llm.model(ids[:, :rows], pos[:, :rows]))
             want = ref.model.compute_logits(ref.model(ids[:, :rows], pos[:, :rows]))
-            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+            if a8 and rows == 1:  # the kernel rounds each layer's input to int8: close, not equal (~0.5% a layer)
+                assert float((got - want).norm() / want.norm()) < 0.02
+                assert bool((got.argmax(-1) == want.argmax(-1)).all())
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("quantization", FORMATS)
 @pytest.mark.parametrize("engine", SINGLE_PROCESS_ENGINES)
-def test_every_engine_runs_each_format_deterministically(bundled_path, engine: str, quantization: str) -> None:
+def test_every_engine_runs_each_format_deterministically(bundled_path, engine: str, quantization: object) -> None:
     llm = LLM(str(bundled_path), engine=engine, quantization=quantization)
     first = run(llm)
     assert all(len(t) == 10 for t in first) and run(llm) == first
@@ -66,7 +72,7 @@ def test_every_engine_runs_each_format_deterministically(bundled_path, engine: s
 
 @pytest.mark.parametrize("quantization", FORMATS)
 @pytest.mark.parametrize("backend", [b for b in ATTENTION_BACKENDS if b != "triton"] + ["triton"])
-def test_every_attention_backend_runs_each_format(bundled_path, backend: str, quantization: str) -> None:
+def test_every_attention_backend_runs_each_format(bundled_path, backend: str, quantization: object) -> None:
     if backend not in ATTENTION_BACKENDS:
         pytest.skip("triton is not installed here")
     llm = LLM(str(bundled_path), attention_backend=backend, quantization=quantization)
@@ -80,7 +86,7 @@ def test_every_attention_backend_runs_each_format(bundled_path, backend: str, qu
 
 
 @pytest.mark.parametrize("quantization", FORMATS)
-def test_disaggregated_engine_runs_each_format(bundled_path, quantization: str) -> None:
+def test_disaggregated_engine_runs_each_format(bundled_path, quantization: object) -> None:
     with LLM(str(bundled_path), engine="disaggregated", quantization=quantization) as llm:
         got = run(llm, 2)
     with LLM(str(bundled_path), engine="chunked", quantization=quantization) as ref:
@@ -96,3 +102,7 @@ def test_bad_values_are_named(bundled_path) -> None:
         LLM(str(bundled_path), quantization="int8", dtype="float64")
     with pytest.raises(ValueError, match="group_size must be one of"):
         LLM(str(bundled_path), quantization=QuantizationConfig("int4", group_size=16))
+    with pytest.raises(ValueError, match="activations='int8' is implemented for int4 weights"):
+        LLM(str(bundled_path), quantization=QuantizationConfig("int8", activations="int8"))
+    with pytest.raises(ValueError, match="activations must be one of 'float', 'int8', got 'fp8'"):
+        LLM(str(bundled_path), quantization=QuantizationConfig("int4", activations="fp8"))
