@@ -48,9 +48,11 @@ PLANNED_FORWARDS = {cls: cls.forward for cls in (DecoderLayer, Attention, MLP, R
 
 @dataclass(frozen=True)
 class LinearCall:
-    """One linear layer as the plan runs it: x (N, in) contiguous float32 -> (N, out)."""
+    """One linear layer as the plan runs it: x (N, in) contiguous float32 -> (N, out); ``run(x, residual)`` returns
+    residual + the layer's output, the add done by the kernel as it writes each output (the same float addition as
+    the layer-by-layer path's ``residual + layer(x)``, so the same bits)."""
 
-    run: Callable[[torch.Tensor], torch.Tensor]
+    run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
     tensors: tuple[torch.Tensor, ...]  # what it reads (their addresses are checked after requests arrive)
     kernel: str  # the C++ function it calls: "gemv_f32", "gemv_int8", "gemv_int4" or "gemv_int4_a8"
 
@@ -72,10 +74,17 @@ class LayerCalls:
 def float_linear(module: ModuleType, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearCall:
     task_rows = gemv.task_rows(weight.shape[1] * 4)  # for a thread team (applies() declines while one stalls)
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        y = module.gemv_f32(x, weight, task_rows)
-        return y if bias is None else y + bias
+    def run(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is None:
+            return module.gemv_f32(x, weight, task_rows, residual)
+        return with_bias(module.gemv_f32(x, weight, task_rows), bias, residual)
     return LinearCall(run, (weight,) + (() if bias is None else (bias,)), "gemv_f32")
+
+
+def with_bias(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """(y + bias), then the residual added in the layer-by-layer path's order: residual + (y + bias)."""
+    y = y + bias
+    return y if residual is None else residual + y
 
 
 def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
@@ -84,17 +93,19 @@ def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, sca
         name = "gemv_int8"
         task_rows = gemv.task_rows(qweight.shape[1])
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            y = module.gemv_int8(x, qweight, scales, task_rows)
-            return y if bias is None else y + bias
+        def run(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+            if bias is None:
+                return module.gemv_int8(x, qweight, scales, task_rows, residual)
+            return with_bias(module.gemv_int8(x, qweight, scales, task_rows), bias, residual)
     else:
         name = "gemv_int4_a8" if activations == "int8" else "gemv_int4"  # the layer's own choice (QuantizedLinear)
         task_rows = gemv.task_rows(qweight.shape[1] + scales.shape[1] * 4)
         kernel = getattr(module, name)
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            y = kernel(x, qweight, scales, group_size, task_rows)
-            return y if bias is None else y + bias
+        def run(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+            if bias is None:
+                return kernel(x, qweight, scales, group_size, task_rows, residual)
+            return with_bias(kernel(x, qweight, scales, group_size, task_rows), bias, residual)
     return LinearCall(run, (qweight, scales) + (() if bias is None else (bias,)), name)
 
 
@@ -238,7 +249,7 @@ class DecodePlan:
         scale, grain = d ** -0.5, 1
         for i, layer in enumerate(self.layers):
             h = module.rms_norm_f32(x, layer.input_norm, layer.input_eps)
-            qkv = layer.qkv.run(h)  # (N, (n_heads + 2 * n_kv) * d)
+            qkv = layer.qkv.run(h, None)  # (N, (n_heads + 2 * n_kv) * d)
             qk = module.rope_f32(qkv, cos, sin, n_heads + n_kv)  # (N, (n_heads + n_kv) * d), rotated
             k = qk[:, n_heads * d:].view(n, n_kv, d)
             v = qkv[:, (n_heads + n_kv) * d:].view(n, n_kv, d)
@@ -246,8 +257,8 @@ class DecodePlan:
             q = qk[:, : n_heads * d].view(n, n_heads, d).contiguous()  # (N, n_heads, d): a copy if N > 1
             out = attention.paged_decode(q, pool.k[i], pool.v[i], batch.block_tables, batch.context_lens, scale,
                                          grain, batch.num_splits)  # (N, n_heads, d)
-            x = x + layer.o_proj.run(out.view(n, n_heads * d))
+            x = layer.o_proj.run(out.view(n, n_heads * d), x)  # x + o_proj(out): (N, hidden), contiguous
             h = module.rms_norm_f32(x, layer.post_norm, layer.post_eps)
-            x = x + layer.down.run(module.silu_mul_f32(layer.gate_up.run(h)))
+            x = layer.down.run(module.silu_mul_f32(layer.gate_up.run(h, None)), x)
         self.steps += 1
         return decoder.norm(x)[None]  # (1, N, hidden)

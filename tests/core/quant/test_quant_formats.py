@@ -117,6 +117,29 @@ def test_int8_activation_kernel_refuses_a_group_it_cannot_read() -> None:
         module.gemv_int4_a8(torch.randn(1, 192), packed, scales, 96, 1)
 
 
+@pytest.mark.parametrize("batch", [1, 3, 11])
+def test_a_residual_is_added_as_the_outputs_are_written(batch: int) -> None:
+    """``residual=`` (the decode plan's x + layer(h)): the same bits as adding it afterwards, a contiguous (B, out)
+    result, and a residual of the wrong shape refused by name."""
+    module = gemv.load_gemv(warn=False)
+    if module is None:
+        pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
+    w = weights(96, 192, seed=5)
+    gen = torch.Generator().manual_seed(batch)
+    x, residual = torch.randn(batch, 192, generator=gen), torch.randn(batch, 96, generator=gen)
+    q8, s8 = quantize_int8(w)
+    p4, s4 = quantize_int4(w, 32)
+    calls = {"f32": lambda **r: module.gemv_f32(x, w, 4, **r), "int8": lambda **r: module.gemv_int8(x, q8, s8, 4, **r),
+             "int4": lambda **r: module.gemv_int4(x, p4, s4, 32, 4, **r),
+             "int4_a8": lambda **r: module.gemv_int4_a8(x, p4, s4, 32, 4, **r)}
+    for name, call in calls.items():
+        fused = call(residual=residual)
+        assert fused.is_contiguous() and fused.shape == (batch, 96), name
+        assert torch.equal(fused, residual + call()), name
+        with pytest.raises(RuntimeError, match=rf"residual must be a contiguous \({batch}, 96\) float32 tensor"):
+            call(residual=residual[:, :95].contiguous())
+
+
 def test_kernel_result_does_not_depend_on_threads() -> None:
     if gemv.load_gemv(warn=False) is None:
         pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")

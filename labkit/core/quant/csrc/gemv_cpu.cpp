@@ -196,25 +196,58 @@ void check_x(const torch::Tensor& x, int64_t in) {
   TORCH_CHECK(x.size(1) == in, "x has ", x.size(1), " inputs, the weight ", in);
 }
 
-torch::Tensor gemv_f32(const torch::Tensor& x, const torch::Tensor& w, int64_t grain) {
+// The residual stream a decode layer adds its output to (x + o_proj(h), x + down(...)): added as each output is
+// written, so the layer's add is not a separate PyTorch op (~2-3 us from Python, twice a layer). residual (B, out)
+// contiguous float32, or none. out[b] + residual[b] is the same float addition as residual + out: the same bits.
+const float* residual_ptr(const c10::optional<torch::Tensor>& residual, int64_t batch, int64_t rows) {
+  if (!residual.has_value()) return nullptr;
+  const torch::Tensor& t = *residual;
+  check_cpu(t, "residual");
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.size(0) == batch &&
+              t.size(1) == rows, "residual must be a contiguous (", batch, ", ", rows, ") float32 tensor, got ",
+              t.sizes());
+  return t.data_ptr<float>();
+}
+
+// Writes one output row's tile (nb batch rows from b0) to y: (out, B) memory without a residual (each row's outputs
+// side by side, returned as a (B, out) view), (B, out) with one (a contiguous result the next layer reads as is).
+inline void store_tile(const float* tile, float* y, const float* residual, int64_t r, int64_t b0, int64_t nb,
+                       int64_t batch, int64_t rows) {
+  if (residual == nullptr) {
+    for (int64_t b = 0; b < nb; ++b) y[r * batch + b0 + b] = tile[b];
+  } else {
+    for (int64_t b = b0; b < b0 + nb; ++b) y[b * rows + r] = residual[b * rows + r] + tile[b - b0];
+  }
+}
+
+torch::Tensor new_output(const torch::Tensor& x, int64_t batch, int64_t rows, const float* residual) {
+  return residual == nullptr ? torch::empty({rows, batch}, x.options()) : torch::empty({batch, rows}, x.options());
+}
+
+torch::Tensor gemv_f32(const torch::Tensor& x, const torch::Tensor& w, int64_t grain,
+                       const c10::optional<torch::Tensor>& residual) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous(),
               "w must be a contiguous (out, in) float32 tensor");
   check_cpu(w, "w");
   const int64_t batch = x.size(0), rows = w.size(0), in = w.size(1);
   check_x(x, in);
-  auto y = torch::empty({rows, batch}, x.options());  // (out, B): each row's outputs side by side
+  const float* res = residual_ptr(residual, batch, rows);
+  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
-#define CALL(N) row_f32<N>(wp + r * in, xp + b0 * in, in, in, yp + r * batch + b0)
+#define CALL(N) row_f32<N>(wp + r * in, xp + b0 * in, in, in, tile)
+    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
+    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return y.t();  // (B, out) view
+  return res == nullptr ? y.t() : y;  // (B, out)
 }
 
-torch::Tensor gemv_int8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales, int64_t grain) {
+torch::Tensor gemv_int8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales, int64_t grain,
+                        const c10::optional<torch::Tensor>& residual) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kInt8 && q.is_contiguous(),
               "q must be a contiguous (out, in) int8 tensor");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.numel() == q.size(0) && scales.is_contiguous(),
@@ -223,17 +256,20 @@ torch::Tensor gemv_int8(const torch::Tensor& x, const torch::Tensor& q, const to
   check_cpu(scales, "scales");
   const int64_t batch = x.size(0), rows = q.size(0), in = q.size(1);
   check_x(x, in);
-  auto y = torch::empty({rows, batch}, x.options());
+  const float* res = residual_ptr(residual, batch, rows);
+  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
   const float* xp = x.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
-#define CALL(N) row_int8<N>(qp + r * in, xp + b0 * in, in, in, sp[r], yp + r * batch + b0)
+#define CALL(N) row_int8<N>(qp + r * in, xp + b0 * in, in, in, sp[r], tile)
+    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
+    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return y.t();
+  return res == nullptr ? y.t() : y;
 }
 
 // x (B, in) -> (B, in) with each block of 32 inputs reordered to (even inputs, odd inputs): the order the int4 rows
@@ -250,7 +286,7 @@ std::vector<float> permute_blocks(const float* x, int64_t batch, int64_t in) {
 }
 
 torch::Tensor gemv_int4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
-                        int64_t group, int64_t grain) {
+                        int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(),
               "packed must be a contiguous (out, in / 2) uint8 tensor");
   const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
@@ -262,7 +298,8 @@ torch::Tensor gemv_int4(const torch::Tensor& x, const torch::Tensor& packed, con
   check_cpu(packed, "packed");
   check_cpu(scales, "scales");
   check_x(x, in);
-  auto y = torch::empty({rows, batch}, x.options());
+  const float* res = residual_ptr(residual, batch, rows);
+  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
   const std::vector<float> x_perm = permute_blocks(x.data_ptr<float>(), batch, in);  // in % 32 == 0: checked above
   const float* xp = x_perm.data();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
@@ -270,11 +307,13 @@ torch::Tensor gemv_int4(const torch::Tensor& x, const torch::Tensor& packed, con
   float* yp = y.data_ptr<float>();
   const int64_t groups = in / group;
   for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
-#define CALL(N) row_int4<N>(wp + r * (in / 2), xp + b0 * in, in, in, sp + r * groups, group, yp + r * batch + b0)
+#define CALL(N) row_int4<N>(wp + r * (in / 2), xp + b0 * in, in, in, sp + r * groups, group, tile)
+    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
+    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return y.t();
+  return res == nullptr ? y.t() : y;
 }
 
 // int4 weights times int8 activations (QuantizationConfig(..., activations="int8"), llama.cpp's Q4_0 x Q8_0 scheme):
@@ -405,7 +444,7 @@ inline void row_int4_a8(const uint8_t* w, const Int8Activations& a, int64_t b0, 
 #endif
 
 torch::Tensor gemv_int4_a8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
-                           int64_t group, int64_t grain) {
+                           int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(),
               "packed must be a contiguous (out, in / 2) uint8 tensor");
   const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
@@ -417,7 +456,8 @@ torch::Tensor gemv_int4_a8(const torch::Tensor& x, const torch::Tensor& packed, 
   check_cpu(packed, "packed");
   check_cpu(scales, "scales");
   check_x(x, in);
-  auto y = torch::empty({rows, batch}, x.options());
+  const float* res = residual_ptr(residual, batch, rows);
+  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
   const Int8Activations a = quantize_activations(x.data_ptr<float>(), batch, in, group);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
@@ -431,11 +471,13 @@ torch::Tensor gemv_int4_a8(const torch::Tensor& x, const torch::Tensor& packed, 
   const int32_t* idx = lane_scale;
 #endif
   for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
-#define CALL(N) row_int4_a8<N>(wp + r * (in / 2), a, b0, sp + r * groups, idx, yp + r * batch + b0)
+#define CALL(N) row_int4_a8<N>(wp + r * (in / 2), a, b0, sp + r * groups, idx, tile)
+    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
+    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return y.t();
+  return res == nullptr ? y.t() : y;
 }
 
 // The streaming-read roof: sum a large float32 tensor with the same threads and the same row split, 16 lanes of
@@ -571,10 +613,16 @@ torch::Tensor rope_f32(const torch::Tensor& x, const torch::Tensor& cos, const t
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemv_f32", &gemv_f32, "y = x @ w.T, float32 weight (out, in)");
-  m.def("gemv_int8", &gemv_int8, "y = x @ (q * scales).T, int8 weight, one scale per row");
-  m.def("gemv_int4", &gemv_int4, "y = x @ dequant(packed).T, int4 weight two per byte, one scale per group");
-  m.def("gemv_int4_a8", &gemv_int4_a8, "y = x @ dequant(packed).T with x rounded to int8 per 32 inputs (VNNI)");
+  namespace py = pybind11;
+  const auto none = py::arg("residual") = py::none();  // optional (B, out) added to the output
+  m.def("gemv_f32", &gemv_f32, "y = x @ w.T (+ residual), float32 weight (out, in)", py::arg("x"), py::arg("w"),
+        py::arg("grain"), none);
+  m.def("gemv_int8", &gemv_int8, "y = x @ (q * scales).T (+ residual), int8 weight, one scale per row", py::arg("x"),
+        py::arg("q"), py::arg("scales"), py::arg("grain"), none);
+  m.def("gemv_int4", &gemv_int4, "y = x @ dequant(packed).T (+ residual), int4 weight two per byte, a scale per group",
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("group"), py::arg("grain"), none);
+  m.def("gemv_int4_a8", &gemv_int4_a8, "as gemv_int4 with x rounded to int8 per 32 inputs (VNNI)", py::arg("x"),
+        py::arg("packed"), py::arg("scales"), py::arg("group"), py::arg("grain"), none);
   m.def("rms_norm_f32", &rms_norm_f32, "RMSNorm over the last dimension, float32, one pass per row");
   m.def("silu_mul_f32", &silu_mul_f32, "silu(gate) * up over a merged (rows, 2 * I) gate/up output, float32");
   m.def("rope_f32", &rope_f32, "RoPE on the first n_rot heads of (rows, heads * d) float32 rows, out of place");
