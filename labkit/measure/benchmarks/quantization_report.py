@@ -484,12 +484,13 @@ NOTES = """\
 * int4-g32-a8: the int4-g32 weights, and each decode call's inputs rounded to int8 (one float32 scale, amax / 127,
   per 32 inputs; `QuantizationConfig("int4", activations="int8")`, llama.cpp's Q4_0 x Q8_0 scheme): AVX-512 VNNI's
   integer dot product (vpdpbusd) multiplies 64 weights per instruction. With float inputs the int4 kernel is bound by
-  the instructions that widen nibbles to floats, not by memory (see the kernel table: int4 reads its bytes at about
-  half int8's rate). Not weight-only: its perplexity is scored with every row on the kernel, inputs rounded.
-* The rows "float32", "int8", "int4-g32", "int4-g64" and "int4-g32-a8" run with the decode plan (`LLM(..., decode_plan=True)`,
-  `labkit.core.engine.decode_plan`): each decode step as a prebuilt list of C++ calls (GEMV kernels, RMSNorm, RoPE,
-  SwiGLU's gate, the K/V write, paged decode attention) instead of module by module, the CPU's counterpart of CUDA
-  graphs; the same arithmetic (same tokens, tested). The "layer by layer" rows are the same weights without it.
+  the instructions that widen nibbles to floats, not by memory (the kernel table: int4's GB/s is well under int8's).
+  Not weight-only: its perplexity is scored with every row on the kernel, inputs rounded.
+* The rows "float32", "int8", "int4-g32", "int4-g64" and "int4-g32-a8" run with the decode plan
+  (`LLM(..., decode_plan=True)`, `labkit.core.engine.decode_plan`): each decode step as a prebuilt list of C++ calls
+  (GEMV kernels, RMSNorm, RoPE, SwiGLU's gate, the K/V write, paged decode attention) instead of module by module, the
+  CPU's counterpart of CUDA graphs; the same arithmetic (same tokens, tested). The "layer by layer" rows are the same
+  weights without it.
 * labkit's float32 decode runs decode-shaped calls (up to 16 rows) on the same C++ float32 GEMV kernel
   (`labkit.core.model.linear`'s "auto" choice; prefill stays on oneDNN); the row "float32, oneDNN / MKL" is the path
   before it, weights in (in, out) memory, oneDNN or MKL (`set_linear_kernel(model, "onednn")`), the same weights.

@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 import torch
 import torch.nn.functional as F
+from paged_tables import shuffled_tables
 
 from labkit import ATTENTION_BACKENDS, LLM, SamplingParams
 from labkit.core.attention import PagedAttentionMetadata, TorchAttentionBackend, cpp_decode, resolve_attention_backend
@@ -55,13 +56,7 @@ def random_pool(block_size: int, n_kv: int, d: int, dtype: torch.dtype, context_
     num_blocks = need + 5
     k_pool = torch.randn(num_blocks, block_size, n_kv, d, generator=gen, dtype=dtype)
     v_pool = torch.randn(num_blocks, block_size, n_kv, d, generator=gen, dtype=dtype)
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    tables = []
-    for c in context_lens:
-        n = -(-c // block_size)
-        tables.append(order[:n])
-        order = order[n:]
-    return k_pool, v_pool, tables
+    return k_pool, v_pool, shuffled_tables(num_blocks, block_size, context_lens, gen)
 
 
 def sdpa_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: list[list[int]],

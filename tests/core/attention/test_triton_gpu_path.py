@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from paged_tables import shuffled_tables
 
 pytest.importorskip("labkit.core.attention.triton_decode")  # first: it chooses Triton's interpreter off a GPU
 
@@ -50,12 +51,7 @@ def make_case(context_lens: list[int], dtype: torch.dtype, seed: int, group: int
     num_blocks = sum(-(-c // block_size) for c in context_lens) + 2
     k_pool = (torch.randn(num_blocks, block_size, n_kv, d, generator=gen) * 2).to(dtype)
     v_pool = (torch.randn(num_blocks, block_size, n_kv, d, generator=gen) * 3).to(dtype)
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    tables = []
-    for c in context_lens:
-        n = -(-c // block_size)
-        tables.append(order[:n])
-        order = order[n:]
+    tables = shuffled_tables(num_blocks, block_size, context_lens, gen)
     return torch.randn(len(context_lens), group * n_kv, d, generator=gen).to(dtype), k_pool, v_pool, tables
 
 

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from paged_tables import shuffled_tables
 from test_quant_formats import int8_activations_reference, weights
 
 from labkit.core.attention import cpp_decode
@@ -99,12 +100,7 @@ def test_portable_paged_decode_matches_the_avx512_build(portable: tuple[ModuleTy
     blocks = sum(-(-c // block_size) for c in lens)
     k_pool = torch.randn(blocks, block_size, n_kv, d, generator=gen)
     v_pool = torch.randn(blocks, block_size, n_kv, d, generator=gen)
-    order = torch.randperm(blocks, generator=gen).tolist()
-    tables = []
-    for c in lens:
-        n = -(-c // block_size)
-        tables.append(order[:n])
-        order = order[n:]
+    tables = shuffled_tables(blocks, block_size, lens, gen)
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     ctx = torch.tensor(lens, dtype=torch.int32)

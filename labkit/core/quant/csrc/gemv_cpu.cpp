@@ -285,19 +285,32 @@ std::vector<float> permute_blocks(const float* x, int64_t batch, int64_t in) {
   return out;
 }
 
-torch::Tensor gemv_int4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
-                        int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
+// The int4 kernels' inputs: packed (out, in / 2) uint8, scales (out, in / group) float32, x (B, in); the group a
+// positive multiple of 32 dividing in (and, for int8 activations, dividing 128: a block's lanes share one scale).
+void check_int4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales, int64_t group,
+                bool int8_activations) {
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(),
               "packed must be a contiguous (out, in / 2) uint8 tensor");
-  const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
-  TORCH_CHECK(group > 0 && group % 32 == 0 && in % group == 0,
-              "group size must be a positive multiple of 32 dividing in (", in, "), got ", group);
+  const int64_t rows = packed.size(0), in = packed.size(1) * 2;
+  if (int8_activations) {
+    TORCH_CHECK(group > 0 && group % 32 == 0 && 128 % group == 0 && in % group == 0,
+                "with int8 activations the group size must be 32, 64 or 128 and divide in (", in, "), got ", group);
+  } else {
+    TORCH_CHECK(group > 0 && group % 32 == 0 && in % group == 0,
+                "group size must be a positive multiple of 32 dividing in (", in, "), got ", group);
+  }
   TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.dim() == 2 &&
                   scales.size(0) == rows && scales.size(1) == in / group,
               "scales must be (out, in / group) float32");
   check_cpu(packed, "packed");
   check_cpu(scales, "scales");
   check_x(x, in);
+}
+
+torch::Tensor gemv_int4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
+                        int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
+  check_int4(x, packed, scales, group, false);
+  const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
   const float* res = residual_ptr(residual, batch, rows);
   auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
   const std::vector<float> x_perm = permute_blocks(x.data_ptr<float>(), batch, in);  // in % 32 == 0: checked above
@@ -445,17 +458,8 @@ inline void row_int4_a8(const uint8_t* w, const Int8Activations& a, int64_t b0, 
 
 torch::Tensor gemv_int4_a8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                            int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(),
-              "packed must be a contiguous (out, in / 2) uint8 tensor");
+  check_int4(x, packed, scales, group, true);
   const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
-  TORCH_CHECK(group > 0 && group % 32 == 0 && 128 % group == 0 && in % group == 0,
-              "with int8 activations the group size must be 32, 64 or 128 and divide in (", in, "), got ", group);
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.dim() == 2 &&
-                  scales.size(0) == rows && scales.size(1) == in / group,
-              "scales must be (out, in / group) float32");
-  check_cpu(packed, "packed");
-  check_cpu(scales, "scales");
-  check_x(x, in);
   const float* res = residual_ptr(residual, batch, rows);
   auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
   const Int8Activations a = quantize_activations(x.data_ptr<float>(), batch, in, group);
