@@ -5,9 +5,10 @@ channel (row); ``"int4"`` stores two 4-bit values per byte with one float32 scal
 A ``QuantizationConfig`` names the group size (``QuantizationConfig("int4", group_size=64)``) and, for int4, whether
 decode-shaped calls round their activations to int8 (``activations="int8"``: llama.cpp's Q4_0 x Q8_0 scheme, so an
 integer dot-product instruction does the multiplying; the weights are stored the same way, prefill keeps float
-activations). The embedding table
-stays in the model's dtype: a lookup reads one row per token, so there are no bytes to save in decode. ``lm_head``
-(the largest single matrix of a small model, tied or not) is quantized like the rest unless ``lm_head=False``.
+activations, and a model rebuilt from its ``state_dict`` in another process gets float activations). The embedding
+table stays in the model's dtype: a lookup reads one row per token, so there are no bytes to save in decode.
+``lm_head`` (the largest single matrix of a small model, tied or not) is quantized like the rest unless
+``lm_head=False``.
 Introduced in notebook 14 (``14_quantization``).
 """
 

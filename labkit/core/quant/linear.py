@@ -47,7 +47,8 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, group_s
 
 
 class QuantizedLinear(nn.Module):
-    """A linear layer over an int8 or int4 weight (weight-only quantization; activations stay float). Notebook 14."""
+    """A linear layer over an int8 or int4 weight (weight-only quantization: activations stay float, unless an int4
+    layer's config says ``activations="int8"``, which its decode-shaped calls round to int8). Notebook 14."""
 
     def __init__(self, in_features: int, out_features: int, config: QuantizationConfig, bias: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
