@@ -17,8 +17,7 @@ calls); checking before every step cost about 0.5 ms of a smollm2-135m step (som
 after the weights streamed past; measured), as much as a tenth of an int4 step. It runs only what it was built for:
 float32 activations on a CPU, a decode-only step of at most ``max_rows`` sequences on the ``"cpp"`` attention backend,
 Llama-style layers (labkit's own modules, no q/k norm), no stall watch tripped; every other step runs layer by
-layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14
-measures it (``scripts/bench_quantization.py``).
+layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14 measures it (``scripts/bench_quantization.py``).
 """
 
 from __future__ import annotations
