@@ -13,11 +13,11 @@ tokens.
 Like a captured graph, a plan goes stale when what it recorded changes: before the first decode step after requests
 arrive (``EngineCore.add_request`` calls ``recheck``) it checks that every module, parameter and kernel choice it read
 is still in place and is rebuilt if not. That is where user code can have changed the model (between ``generate``
-calls); checking before every step cost about 0.5 ms of a smollm2-135m step (some 1,800 objects, cold in the cache
-after the weights streamed past; measured), as much as a tenth of an int4 step. It runs only what it was built for:
-float32 activations on a CPU, a decode-only step of at most ``max_rows`` sequences on the ``"cpp"`` attention backend,
-Llama-style layers (labkit's own modules, no q/k norm), no stall watch tripped; every other step runs layer by
-layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14 measures it (``scripts/bench_quantization.py``).
+calls); checked before every step, its ~1,800 objects (on smollm2-135m), cold in the cache after the weights
+streamed past, cost a visible share of a quantized step (about 0.5 ms, once, on a 2-core VM). It runs only what it
+was built for: float32 activations on a CPU, a decode-only step of at most ``max_rows`` sequences on the ``"cpp"``
+attention backend, Llama-style layers (labkit's own modules, no q/k norm), no stall watch tripped; every other step
+runs layer by layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14 measures it (``scripts/bench_quantization.py``).
 """
 
 from __future__ import annotations
