@@ -17,7 +17,8 @@ calls); checked before every step, its ~1,800 objects (on smollm2-135m), cold in
 streamed past, cost a visible share of a quantized step (about 0.5 ms, once, on a 2-core VM). It runs only what it
 was built for: float32 activations on a CPU, a decode-only step of at most ``max_rows`` sequences on the ``"cpp"``
 attention backend, Llama-style layers (labkit's own modules, no q/k norm), no stall watch tripped; every other step
-runs layer by layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14 measures it (``scripts/bench_quantization.py``).
+runs layer by layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14 measures it
+(``scripts/bench_quantization.py``).
 """
 
 from __future__ import annotations
