@@ -19,6 +19,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m labkit.core.attention
 	# notebook 14's quantized GEMV kernels, likewise
 	$(BIN)/python -m labkit.core.quant
+	# decode_plan=True's C++ step (both kernels' sources again, in one module), likewise
+	$(BIN)/python -m labkit.core.engine
 	touch $(STAMP)
 
 ## Open the workbook in JupyterLab on 127.0.0.1 (works as root too).

@@ -55,19 +55,31 @@ def extensions_root() -> Path:
 
 
 def build_name(source: Path, prefix: str = "labkit_paged_decode") -> str:
-    """The module's name: the source, the labkit headers it includes (``#include "..."``) and this CPU's features in a
-    hash (``-march=native`` code is not portable), so an edited kernel or another machine sharing the cache directory
-    gets its own build."""
-    key = hashlib.sha256(source.read_bytes())
-    for header in re.findall(r'^#include "([^"]+)"', source.read_text(), flags=re.MULTILINE):  # labkit's own headers
-        path = source.parent / header
-        if path.exists():
-            key.update(path.read_bytes())
+    """The module's name: the source, the labkit files it includes (``#include "..."``, at any depth) and this CPU's
+    features in a hash (``-march=native`` code is not portable), so an edited kernel or another machine sharing the
+    cache directory gets its own build."""
+    key = hashlib.sha256()
+    for path in included_sources(source):
+        key.update(path.read_bytes())
     cpuinfo = Path("/proc/cpuinfo")
     flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "") \
         if cpuinfo.exists() else ""
     key.update(f"{sys.platform} {platform.machine()} {flags}".encode())
     return f"{prefix}_{key.hexdigest()[:16]}"
+
+
+def included_sources(source: Path) -> list[Path]:
+    """``source`` and every labkit file it includes (``#include "..."``), and those files' own, each once."""
+    found = [source.resolve()]
+    todo = list(found)
+    while todo:
+        current = todo.pop()
+        for name in re.findall(r'^#include "([^"]+)"', current.read_text(), flags=re.MULTILINE):
+            path = (current.parent / name).resolve()
+            if path.exists() and path not in found:
+                found.append(path)
+                todo.append(path)
+    return found
 
 
 def find_ninja() -> str | None:

@@ -8,7 +8,9 @@ kernels. On a CPU, ``DecodePlan`` does the checks once: it walks the model, reco
 kernel runs each step (labkit's GEMV kernels for float32, int8 and int4 weights, RMSNorm, RoPE, SwiGLU's gate, the
 paged K/V write and decode attention) and the tensors each reads, and then runs a decode step as that list of calls.
 The arithmetic is the same as the layer-by-layer path's decode (the same kernels, in the same order): so are the
-tokens.
+tokens. ``run_layers`` is that loop in Python, a dozen calls a layer (~15 µs of Python a layer, ~0.5 ms of a 30-layer
+step); ``DecodeStep`` (``csrc/decode_step_cpu.cpp``, one module built from both kernels' sources) runs the same loop
+in C++, one call a step, and is what runs wherever it builds.
 
 Like a captured graph, a plan goes stale when what it recorded changes: before the first decode step after requests
 arrive (``EngineCore.add_request`` calls ``recheck``) it checks that every module, parameter and kernel choice it read
@@ -23,14 +25,16 @@ runs layer by layer. Opt in with ``LLM(..., decode_plan=True)``. Notebook 14 mea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import torch
 from torch import nn
 
-from labkit.core.attention.cpp_decode import CppAttentionBackend, load_extension
+from labkit.core.attention.cpp_decode import CppAttentionBackend, CppExtension, compile_extension, load_extension
 from labkit.core.model import CausalLM
 from labkit.core.model.attention import Attention
 from labkit.core.model.decoder import DecoderLayer
@@ -38,6 +42,8 @@ from labkit.core.model.layers import MLP, MergedLinear, RMSNorm
 from labkit.core.model.linear import STALL_WATCH, Linear
 from labkit.core.quant import gemv
 from labkit.core.quant.linear import QuantizedLinear, QuantizedMergedLinear
+
+STEP_SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_step_cpu.cpp"
 
 # What must still hold for a plan to be current: (a dict that holds an object, its key, the object), and the
 # addresses of the tensors the plan reads (a tensor whose .data was replaced moves).
@@ -51,11 +57,21 @@ PLANNED_FORWARDS = {cls: cls.forward for cls in (DecoderLayer, Attention, MLP, R
 class LinearCall:
     """One linear layer as the plan runs it: x (N, in) contiguous float32 -> (N, out); ``run(x, residual)`` returns
     residual + the layer's output, the add done by the kernel as it writes each output (the same float addition as
-    the layer-by-layer path's ``residual + layer(x)``, so the same bits)."""
+    the layer-by-layer path's ``residual + layer(x)``, so the same bits). The C++ step (``DecodeStep``) makes the
+    same call from the same fields."""
 
     run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
-    tensors: tuple[torch.Tensor, ...]  # what it reads (their addresses are checked after requests arrive)
     kernel: str  # the C++ function it calls: "gemv_f32", "gemv_int8", "gemv_int4" or "gemv_int4_a8"
+    weight: torch.Tensor  # (out, in) float32 or int8, or (out, in / 2) uint8 (int4, two per byte)
+    scales: torch.Tensor | None  # int8: (out,); int4: (out, in / group); float32: None
+    group_size: int  # int4's group (0 otherwise)
+    grain: int  # output rows per thread task
+    bias: torch.Tensor | None
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """What it reads (their addresses are checked after requests arrive)."""
+        return tuple(t for t in (self.weight, self.scales, self.bias) if t is not None)
 
 
 @dataclass(frozen=True)
@@ -79,7 +95,7 @@ def float_linear(module: ModuleType, weight: torch.Tensor, bias: torch.Tensor | 
         if bias is None:
             return module.gemv_f32(x, weight, task_rows, residual)
         return with_bias(module.gemv_f32(x, weight, task_rows), bias, residual)
-    return LinearCall(run, (weight,) + (() if bias is None else (bias,)), "gemv_f32")
+    return LinearCall(run, "gemv_f32", weight, None, 0, task_rows, bias)
 
 
 def with_bias(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -91,7 +107,7 @@ def with_bias(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
 def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
                      bias: torch.Tensor | None, activations: str = "float") -> LinearCall:
     if method == "int8":
-        name = "gemv_int8"
+        name, group_size = "gemv_int8", 0
         task_rows = gemv.task_rows(qweight.shape[1])
 
         def run(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -107,7 +123,14 @@ def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, sca
             if bias is None:
                 return kernel(x, qweight, scales, group_size, task_rows, residual)
             return with_bias(kernel(x, qweight, scales, group_size, task_rows), bias, residual)
-    return LinearCall(run, (qweight, scales) + (() if bias is None else (bias,)), name)
+    return LinearCall(run, name, qweight, scales, group_size, task_rows, bias)
+
+
+@functools.cache
+def load_step() -> CppExtension:
+    """The C++ decode step (``csrc/decode_step_cpu.cpp``: the GEMV and attention kernels' sources in one module, the
+    layer loop in C++), loaded or built once per process; ``missing`` says why not (then the plan loops in Python)."""
+    return compile_extension(STEP_SOURCE, prefix="labkit_decode_step", what="C++ decode step (the plan in one call)")
 
 
 class DecodePlan:
@@ -125,6 +148,8 @@ class DecodePlan:
         self.builds = 0  # how often a plan was built (a rebuild means something it read changed)
         self.checked = False  # whether current() has checked what the plan read since requests last arrived
         self.steps = 0  # decode steps it ran
+        self.step: object | None = None  # the C++ step (DecodeStep) built from ``layers``, or None: Python loops
+        self.use_step = True  # False: run the layers from Python even where the C++ step is built (tests, notebook)
 
     def applies(self, input_ids: torch.Tensor, backend: object) -> bool:
         """Whether this step can run as the plan: a CPU float32 decode-only step on the "cpp" backend, few rows."""
@@ -152,6 +177,7 @@ class DecodePlan:
         """Record every layer's calls, or why it cannot (``why_not``). Either way, what was read is remembered, so an
         unplannable model is looked at again only when one of those things changes."""
         self.layers, self.refs, self.tensors, self.why_not, self.built = None, [], [], None, True
+        self.step = None
         self.forwards = {cls: cls.forward for cls in PLANNED_FORWARDS}
         patched = [cls.__name__ for cls, forward in PLANNED_FORWARDS.items() if cls.forward is not forward]
         if patched:
@@ -175,7 +201,24 @@ class DecodePlan:
         self.tensors += [t for calls in layers for t in (calls.input_norm, calls.post_norm) + tuple(
             t for call in (calls.qkv, calls.o_proj, calls.gate_up, calls.down) for t in call.tensors)]
         self.addresses = [t.data_ptr() for t in self.tensors]
+        self.step = self._step(layers)
         self.builds += 1
+
+    def _step(self, layers: list[LayerCalls]) -> object | None:
+        """The same calls as one C++ object (``DecodeStep``), or None where its module cannot be built."""
+        step_module = load_step().module
+        if step_module is None:
+            return None
+        config = self.model.config
+        step = step_module.DecodeStep(config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+
+        def planned(call: LinearCall) -> object:
+            return step_module.PlannedLinear(call.kernel, call.weight, call.scales, call.group_size, call.grain,
+                                             call.bias)
+        for calls in layers:
+            step.add_layer(calls.input_norm, calls.input_eps, planned(calls.qkv), planned(calls.o_proj),
+                           calls.post_norm, calls.post_eps, planned(calls.gate_up), planned(calls.down))
+        return step
 
     def _layer(self, module: ModuleType, layer: nn.Module) -> LayerCalls | None:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -237,15 +280,31 @@ class DecodePlan:
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: CppAttentionBackend) -> torch.Tensor:
         """input_ids, positions: (1, N) -> hidden states (1, N, hidden), as ``CausalLM.forward`` returns them."""
         assert self.layers is not None and backend.cpp_decode is not None
-        module, attention = gemv.load_gemv(warn=False), load_extension(warn=False)
-        assert module is not None and attention is not None
-        config = self.model.config
-        n_heads, n_kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        d = self.model.config.head_dim
         decoder = self.model.model
         x = decoder.embed_tokens(input_ids)[0]  # (N, hidden)
         n = x.shape[0]
         cos, sin = decoder.rotary_emb.cos_sin(positions, x.dtype)  # (1, N, 1, d) each
         cos, sin = cos.reshape(n, d), sin.reshape(n, d)
+        if self.step is not None and self.use_step:  # run_layers' loop, in C++
+            batch, pool = backend.cpp_decode, backend.pool
+            x = self.step.run(x, cos, sin, pool.k, pool.v, backend.meta.slot_mapping,  # type: ignore[attr-defined]
+                              batch.block_tables, batch.context_lens, d ** -0.5, batch.num_splits)
+        else:
+            x = self.run_layers(x, cos, sin, backend)
+        self.steps += 1
+        return decoder.norm(x)[None]  # (1, N, hidden)
+
+    def run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   backend: CppAttentionBackend) -> torch.Tensor:
+        """The decoder layers from Python: x (N, hidden), cos / sin (N, d) -> (N, hidden), before the final norm.
+        ``DecodeStep`` (``csrc/decode_step_cpu.cpp``) makes the same calls in the same order from C++."""
+        assert self.layers is not None and backend.cpp_decode is not None
+        module, attention = gemv.load_gemv(warn=False), load_extension(warn=False)
+        assert module is not None and attention is not None
+        config = self.model.config
+        n_heads, n_kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        n = x.shape[0]
         batch, slots, pool = backend.cpp_decode, backend.meta.slot_mapping, backend.pool
         scale, grain = d ** -0.5, 1
         for i, layer in enumerate(self.layers):
@@ -261,5 +320,4 @@ class DecodePlan:
             x = layer.o_proj.run(out.view(n, n_heads * d), x)  # x + o_proj(out): (N, hidden), contiguous
             h = module.rms_norm_f32(x, layer.post_norm, layer.post_eps)
             x = layer.down.run(module.silu_mul_f32(layer.gate_up.run(h, None)), x)
-        self.steps += 1
-        return decoder.norm(x)[None]  # (1, N, hidden)
+        return x

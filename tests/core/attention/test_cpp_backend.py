@@ -425,3 +425,17 @@ def test_an_edited_header_gets_its_own_build(tmp_path: Path) -> None:
     header.write_text("inline float f() { return 2.0f; }\n")
     assert cpp_decode.build_name(source) != before
     assert cpp_decode.build_name(cpp_decode.SOURCE) != cpp_decode.build_name(cpp_decode.SOURCE, "other")  # prefix
+
+
+def test_a_header_included_by_an_included_file_is_hashed_too(tmp_path: Path) -> None:
+    """The decode step's source includes both kernels' sources, which include exp_f32.h: an edit two levels down must
+    give a new build as well (and a cycle of includes must not loop)."""
+    (tmp_path / "sub").mkdir()
+    source, middle, inner = tmp_path / "step.cpp", tmp_path / "sub" / "kernel.cpp", tmp_path / "inner.h"
+    source.write_text('#include "sub/kernel.cpp"\n')
+    middle.write_text('#include "../inner.h"\n#include "../step.cpp"\n')
+    inner.write_text("inline float f() { return 1.0f; }\n")
+    before = cpp_decode.build_name(source)
+    inner.write_text("inline float f() { return 2.0f; }\n")
+    assert cpp_decode.build_name(source) != before
+    assert sorted(cpp_decode.included_sources(source)) == sorted(p.resolve() for p in (source, middle, inner))

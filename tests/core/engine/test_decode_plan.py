@@ -12,7 +12,8 @@ import torch
 
 from labkit import LLM, SamplingParams
 from labkit.core.attention import cpp_decode
-from labkit.core.engine.decode_plan import DecodePlan
+from labkit.core.engine import decode_plan
+from labkit.core.engine.decode_plan import DecodePlan, load_step
 from labkit.core.model.layers import MLP
 from labkit.core.model.linear import STALL_WATCH, set_linear_kernel
 from labkit.core.quant import QuantizationConfig
@@ -86,6 +87,58 @@ def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: object, bu
                     "gemv_int4_a8"  # the kernel the layers run layer by layer (QuantizedLinear's choice)
                 assert kernels == {want}
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("kind,quantization", [
+    ("bundled", None), ("bundled", "int8"), ("bundled", "int4"),
+    ("bundled", QuantizationConfig("int4", activations="int8")),
+    ("qwen2", None),  # biases on q/k/v: (y + bias), then the residual
+    ("llama3-rope", "int8"),  # one KV head (GQA 4:1), untied lm_head
+], ids=["float32", "int8", "int4", "int4-a8", "qwen2-bias", "llama3-gqa"])
+def test_the_cpp_step_computes_the_python_loops_bits(kind: str, quantization: object, bundled_path: Path,
+                                                      random_checkpoint, prompt_ids: list[list[int]],  # type: ignore
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DecodeStep`` (the layer loop in C++) against ``run_layers`` (the same loop in Python) on every decode step of
+    a batch of 1 to 4 sequences: the same hidden states, bit for bit. Both write the step's K/V to the same slots
+    (the second write stores what the first did, or the outputs differ)."""
+    compared: list[int] = []
+    original = DecodePlan.run
+
+    def both(self: DecodePlan, input_ids: torch.Tensor, positions: torch.Tensor, backend: object) -> torch.Tensor:
+        assert self.step is not None, load_step().missing
+        self.use_step = False
+        from_python = original(self, input_ids, positions, backend)  # type: ignore[arg-type]
+        self.use_step = True
+        from_cpp = original(self, input_ids, positions, backend)  # type: ignore[arg-type]
+        assert torch.equal(from_python, from_cpp), (from_python - from_cpp).abs().max()
+        compared.append(input_ids.shape[1])
+        return from_cpp
+
+    monkeypatch.setattr(DecodePlan, "run", both)
+    path = bundled_path if kind == "bundled" else random_checkpoint(kind)
+    with LLM(str(path), engine="continuous", device="cpu", quantization=quantization, decode_plan=True,
+             block_size=8) as llm:
+        plan = plan_of(llm)
+        with torch.no_grad():  # HF initialises biases to zero, where a dropped bias would change no bit
+            for name, param in plan.model.named_parameters():
+                if name.endswith("bias"):
+                    param.normal_(0.0, 0.5)
+        tokens(llm, prompt_ids)
+        assert plan.step.num_layers == plan.model.config.num_hidden_layers  # type: ignore[attr-defined]
+        biases = [layer.qkv.bias for layer in plan.layers or [] if layer.qkv.bias is not None]
+        assert (kind == "qwen2") == bool(biases) and all(b.abs().sum() > 0 for b in biases)
+    assert compared and max(compared) == len(PROMPTS) and min(compared) >= 1
+
+
+def test_without_the_cpp_step_the_plan_loops_in_python(bundled_path: Path, prompt_ids: list[list[int]],
+                                                       reference: list[list[int]],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the step's module cannot be built, the plan still runs (its Python loop), with the same tokens."""
+    monkeypatch.setattr(decode_plan, "load_step", lambda: cpp_decode.CppExtension(None, "no compiler (test)"))
+    with LLM(str(bundled_path), engine="continuous", device="cpu", decode_plan=True) as llm:
+        assert tokens(llm, prompt_ids) == reference
+        plan = plan_of(llm)
+        assert plan.steps > 0 and plan.step is None
 
 
 def test_only_the_steps_it_was_built_for(bundled_path: Path, prompt_ids: list[list[int]],

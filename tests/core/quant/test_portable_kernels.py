@@ -109,3 +109,17 @@ def test_portable_paged_decode_matches_the_avx512_build(portable: tuple[ModuleTy
         torch.testing.assert_close(module.paged_decode(q, k_pool, v_pool, padded, ctx, d ** -0.5, 1, splits),
                                    native.paged_decode(q, k_pool, v_pool, padded, ctx, d ** -0.5, 1, splits),
                                    rtol=2e-5, atol=2e-5)
+
+
+def test_the_decode_steps_source_builds_without_avx512(portable: tuple[ModuleType, ModuleType]) -> None:
+    """decode_plan=True's step compiles both kernels' sources as one translation unit: their plain-loop branches must
+    not clash there either (both once had a constant named kLanes, which only this build would have found)."""
+    from labkit.core.engine import decode_plan
+
+    module = build_portable(decode_plan.STEP_SOURCE, "labkit_decode_step")
+    step = module.DecodeStep(4, 2, 16)
+    assert step.num_layers == 0
+    with pytest.raises(RuntimeError, match="multiple of n_kv_heads"):
+        module.DecodeStep(4, 3, 16)
+    if shutil.which("objdump") is not None:
+        assert not uses_zmm(module)

@@ -32,19 +32,19 @@
 namespace {
 
 constexpr int64_t kPrefetchBlocks = 4;  // blocks whose rows are asked for ahead of use
-constexpr int64_t kLanes = 8;  // independent partial sums: the compiler turns them into one vector register
+constexpr int64_t kDotLanes = 8;  // independent partial sums: the compiler turns them into one vector register
 
-// q . k over head_dim, with kLanes partial sums so it vectorises, added pairwise at the end (a chain of kLanes
+// q . k over head_dim, with kDotLanes partial sums so it vectorises, added pairwise at the end (a chain of kDotLanes
 // scalar adds would cost more than the products).
 template <typename scalar_t, typename acc_t>
 inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t d) {
-  acc_t part[kLanes] = {};
+  acc_t part[kDotLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= d; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) part[j] += static_cast<acc_t>(a[i + j]) * static_cast<acc_t>(b[i + j]);
+  for (; i + kDotLanes <= d; i += kDotLanes)
+    for (int64_t j = 0; j < kDotLanes; ++j) part[j] += static_cast<acc_t>(a[i + j]) * static_cast<acc_t>(b[i + j]);
   acc_t sum = 0;
   for (; i < d; ++i) sum += static_cast<acc_t>(a[i]) * static_cast<acc_t>(b[i]);
-  for (int64_t width = kLanes / 2; width > 0; width /= 2)
+  for (int64_t width = kDotLanes / 2; width > 0; width /= 2)
     for (int64_t j = 0; j < width; ++j) part[j] += part[j + width];
   return sum + part[0];
 }
@@ -287,21 +287,21 @@ void decode_kernel(const torch::Tensor& q, const torch::Tensor& k_pool, const to
           l[g] = l[g] * rescale + sum;
           m[g] = new_m;
         }
-        // o += p . V, kLanes * 2 columns of o at a time held in registers over the block's rows (written back once
+        // o += p . V, kDotLanes * 2 columns of o at a time held in registers over the block's rows (written back once
         // per block, not once per row); the rows are the block's, read from L1 after the first head
         for (int64_t g = 0; g < group; ++g) {
           const acc_t* pg = scores.data() + g * block_size;
           acc_t* o = acc.data() + g * d;
           int64_t i = 0;
-          for (; i + 2 * kLanes <= d; i += 2 * kLanes) {
-            acc_t part[2 * kLanes];
-            for (int64_t j = 0; j < 2 * kLanes; ++j) part[j] = o[i + j];
+          for (; i + 2 * kDotLanes <= d; i += 2 * kDotLanes) {
+            acc_t part[2 * kDotLanes];
+            for (int64_t j = 0; j < 2 * kDotLanes; ++j) part[j] = o[i + j];
             for (int64_t t = 0; t < n_valid; ++t) {
               const scalar_t* vt = v_block + t * slot_stride + i;
               const acc_t p = pg[t];
-              for (int64_t j = 0; j < 2 * kLanes; ++j) part[j] += p * static_cast<acc_t>(vt[j]);
+              for (int64_t j = 0; j < 2 * kDotLanes; ++j) part[j] += p * static_cast<acc_t>(vt[j]);
             }
-            for (int64_t j = 0; j < 2 * kLanes; ++j) o[i + j] = part[j];
+            for (int64_t j = 0; j < 2 * kDotLanes; ++j) o[i + j] = part[j];
           }
           for (; i < d; ++i)
             for (int64_t t = 0; t < n_valid; ++t) o[i] += pg[t] * static_cast<acc_t>(v_block[t * slot_stride + i]);
@@ -453,7 +453,9 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_pool, 
   return out;
 }
 
+#ifndef LABKIT_KERNELS_ONLY  // labkit/core/engine/csrc/decode_step_cpu.cpp includes the kernels above into its module
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "Paged decode attention, K/V read in place (labkit, notebook 06)");
   m.def("write_kv", &write_kv, "New tokens' K/V into their pool slots (vLLM's reshape_and_cache; labkit, notebook 06)");
 }
+#endif

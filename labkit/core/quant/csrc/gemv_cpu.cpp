@@ -616,6 +616,7 @@ torch::Tensor rope_f32(const torch::Tensor& x, const torch::Tensor& cos, const t
 
 }  // namespace
 
+#ifndef LABKIT_KERNELS_ONLY  // labkit/core/engine/csrc/decode_step_cpu.cpp includes the kernels above into its module
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   const auto none = py::arg("residual") = py::none();  // optional (B, out) added to the output
@@ -632,3 +633,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_f32", &rope_f32, "RoPE on the first n_rot heads of (rows, heads * d) float32 rows, out of place");
   m.def("stream_sum", &stream_sum, "sum of a 2-D float32 tensor, rows split between threads (the read roof)");
 }
+#endif
