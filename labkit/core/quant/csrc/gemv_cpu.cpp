@@ -37,12 +37,25 @@ constexpr int64_t kMaxTile = 8;  // batch rows sharing one pass over a weight ro
 
 #if defined(__AVX512F__)
 
+// Each kernel asks for the weight bytes kPrefetchBytes ahead of the ones it reads (the same thread's stream: its rows
+// are contiguous). Measured on a 2-core Intel Xeon VM (8 layers 4096 x 2048, interleaved rounds; one-off script):
+// float32 25 -> 27 GB/s, int8 15 -> 18, int4 12-13 -> 16-18, int4 with int8 activations 20-21 -> 31-35. The
+// hardware prefetcher alone keeps too few lines in flight for one core at these kernels' rate of bytes. 2048 and
+// 4096 bytes measured alike; 256 was slower than none.
+constexpr int64_t kPrefetchBytes = 2048;
+
+inline void prefetch_ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+}
+
 template <int NB>
 inline void row_f32(const float* w, const float* x, int64_t in, int64_t x_stride, float* out) {
   __m512 acc[NB][2];
   for (int b = 0; b < NB; ++b) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 32 <= in; i += 32) {
+  for (; i + 32 <= in; i += 32) {  // 128 bytes: two cache lines
+    prefetch_ahead(w + i);
+    prefetch_ahead(w + i + 16);
     const __m512 w0 = _mm512_loadu_ps(w + i), w1 = _mm512_loadu_ps(w + i + 16);
     for (int b = 0; b < NB; ++b) {
       acc[b][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + b * x_stride + i), acc[b][0]);
@@ -62,6 +75,7 @@ inline void row_int8(const int8_t* w, const float* x, int64_t in, int64_t x_stri
   for (int b = 0; b < NB; ++b) acc[b][0] = acc[b][1] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= in; i += 32) {
+    if ((i & 63) == 0) prefetch_ahead(w + i);  // once per 64 bytes
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i));  // 32 weights
     const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
     const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
@@ -94,6 +108,7 @@ inline void row_int4(const uint8_t* w, const float* x, int64_t in, int64_t x_str
   for (int64_t g0 = 0; g0 < in; g0 += group, ++scale) {
     const __m512 table = _mm512_mul_ps(levels, _mm512_set1_ps(*scale));
     for (int64_t i = g0; i < g0 + group; i += 32) {  // 32 weights in 16 bytes
+      if ((i & 127) == 0) prefetch_ahead(w + i / 2);  // once per 64 bytes
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i / 2)));
       const __m512 even = _mm512_permutexvar_ps(bytes, table);  // elements i, i+2, ..., i+30
       const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);  // i+1, ..., i+31
@@ -412,6 +427,7 @@ inline void row_int4_a8(const uint8_t* w, const Int8Activations& a, int64_t b0, 
   for (int b = 0; b < NB; ++b) acc[b] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t blk = 0; blk < a.blocks; ++blk) {
+    prefetch_ahead(w + blk * 64);  // kPrefetchBytes: defined with the float-input kernels above
     const int64_t bytes = a.bytes[blk];  // 64, or fewer (a multiple of 16) in a row's last block
     const __m512i wv = bytes == 64 ? _mm512_loadu_si512(w + blk * 64)
                                    : _mm512_maskz_loadu_epi8((__mmask64(1) << bytes) - 1, w + blk * 64);
