@@ -501,8 +501,16 @@ NOTES = """\
   few percent is within the spread of three rounds on this VM).
 * int4 kernel: the inner loop found each group's scale by a 64-bit division (`g0 / group`) once per 16 bytes; a
   pointer that steps once per group instead took the kernel from 18.6 to 22.3 GB/s (8 layers 4096 x 2048, 15
-  interleaved rounds, against 22.8 GB/s for int8 in the same run; one-off script, results bit-identical). Decoding 64
-  weights (two groups) per iteration with four accumulators was slower (19.3 GB/s) and was not kept.
+  interleaved rounds, against 22.8 GB/s for int8 in the same run; one-off script, results bit-identical, on an AMD
+  EPYC VM). A first version decoding 64 weights per iteration with four accumulators was slower there (19.3 GB/s).
+  On a 2-core Intel Xeon VM, with the software prefetch of the next note, two 32-weight chunks per iteration, each
+  with its own table and accumulators, was faster: 4096 x 2048 layers 19.6-20.3 -> 21.8-22.1 GB/s (group 32),
+  smollm2-135m's shapes 0-5% (one-off script, two runs); it is the kernel now.
+* GEMV kernels (AVX-512) ask for the weight bytes 2 KB ahead of those they read (`_mm_prefetch`): on the Intel VM
+  (8 layers 4096 x 2048, interleaved rounds, one-off script) float32 25 -> 27 GB/s, int8 15 -> 18, int4 12-13 ->
+  16-18, int4 with int8 activations 20-21 -> 31-35; 256 bytes ahead was slower than none, 2 and 4 KB alike. The
+  hardware prefetcher alone kept too few lines in flight for one core at these kernels' rate. The same prefetch made
+  the roof's plain sum slower (24 -> 19 GB/s), so the roof is measured without it.
 * CTranslate2 runs the same weights, converted from a transformers Llama checkpoint of them (greedy tokens checked
   equal to labkit's on the bundled model), `compute_type` "float32" and "int8_float32", `intra_threads` = torch's
   threads; decode ms/token from `generate_tokens`' streamed timestamps. It runs in a child process of its own
