@@ -394,9 +394,12 @@ def report(res: Results, command: str, hw: Hardware, wall_s: float, other_load: 
                   "the kernel's, round by round.", "",
                   md_table(["kernel", "weight MiB", "ms", "GB/s", "share of read roof", "speed-up vs F.linear"],
                            krows), ""]
+    # The issue's int4 is "group 32 or 64": both weight-only group sizes get the speed line (the perplexity bound it
+    # states is group 32's); the int8-activation variant is shown beside them, named as not weight-only.
     goals = [("int8 tok/s >= 2.5x labkit float32", "int8", "float32", 2.5),
              ("int4 (group 32) tok/s >= 3.5x labkit float32", "int4-g32", "float32", 3.5),
-             ("the same with int8 activations (int4-g32-a8, not weight-only)", A8, "float32", 3.5),
+             ("int4 (group 64) tok/s >= 3.5x labkit float32", "int4-g64", "float32", 3.5),
+             ("int4 group 32 with int8 activations (int4-g32-a8, not weight-only)", A8, "float32", 3.5),
              ("int8 >= 1.0x CTranslate2 int8", "int8", "CTranslate2 int8", 1.0),
              ("float32 >= 1.5x CTranslate2 float32", "float32", "CTranslate2 float32", 1.5)]
     goal_rows = []
@@ -408,7 +411,7 @@ def report(res: Results, command: str, hw: Hardware, wall_s: float, other_load: 
         goal_rows.append([claim, f"{near(ratio, target)}x", "met" if ratio >= target else "not met"])
     share = decode_share(res, "float32")
     goal_rows.append(["float32 decode >= 0.6 of the read roof", near(share, 0.6), "met" if share >= 0.6 else "not met"])
-    for name, limit in (("int8", 1.0), ("int4-g32", 5.0), (A8, 5.0)):
+    for name, limit in (("int8", 1.0), ("int4-g32", 5.0), ("int4-g64", 5.0), (A8, 5.0)):
         if name not in res.ppl:
             continue
         delta = (res.ppl[name] / res.ppl["float32"] - 1) * 100
@@ -525,8 +528,9 @@ NOTES = """\
   `torch._weight_int8pack_mm` was not timed on CUDA).
 * The roof is measured in every decode round (the format table's shares are per round, over that round's roof),
   in the kernel table's rounds (its shares), and once before the run; the most of all of them is the roof of the step
-  split and of the speed-up bounds. This VM's memory bandwidth drifts with its host's other guests, which the load
-  figure cannot see: the same 256 MB read ran at 32.9, 35.4 and 56.4 GB/s in three runs within an hour.
+  split and of the speed-up bounds. A VM's memory bandwidth can drift with its host's other guests, which the load
+  figure cannot see: on an AMD EPYC VM the same 256 MB read ran at 32.9, 35.4 and 56.4 GB/s in three runs within an
+  hour; on an Intel Xeon VM it held at 29.6-31.5 GB/s over four runs.
 * The machine is a shared 2-core VM: other processes' load is in the hardware table, and with load above ~10% the
   timings (and every ratio built from them) are unreliable; the perplexity figures do not depend on load."""
 
