@@ -209,26 +209,10 @@ inline void row_int4(const uint8_t* w, const float* x, int64_t in, int64_t x_str
 
 #endif
 
-// The first bytes of a thread's rows, asked for all at once before its first row: the in-loop prefetch runs
-// kPrefetchBytes ahead, so without this the start of every call waits for one line after another. A decode step makes
-// ~120 GEMV calls of 0.2-7 MB (smollm2-135m); measured in the C++ step on the Intel VM (6 interleaved rounds, one-off
-// script): int8's GEMVs 5.32 -> 5.03 ms a step, int4's unchanged.
-inline void prime_rows(const void* weights, int64_t row_bytes, int64_t begin, int64_t end) {
-#if defined(__AVX512F__)
-  const char* p = static_cast<const char*>(weights) + begin * row_bytes;
-  const int64_t n = std::min<int64_t>(kPrefetchBytes, (end - begin) * row_bytes);
-  for (int64_t offset = 0; offset < n; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T0);
-#else
-  (void)weights, (void)row_bytes, (void)begin, (void)end;
-#endif
-}
-
-// Calls row(r, tile_start, NB, out_ptr) for every output row and batch tile; rows split between threads. weights,
-// row_bytes: the weight rows' memory (primed above).
+// Calls row(r, tile_start, NB, out_ptr) for every output row and batch tile; rows split between threads.
 template <typename RowFn>
-void for_rows(int64_t rows, int64_t batch, int64_t grain, const void* weights, int64_t row_bytes, RowFn row) {
+void for_rows(int64_t rows, int64_t batch, int64_t grain, RowFn row) {
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    prime_rows(weights, row_bytes, begin, end);
     for (int64_t r = begin; r < end; ++r)
       for (int64_t b0 = 0; b0 < batch; b0 += kMaxTile) row(r, b0, std::min(kMaxTile, batch - b0));
   });
@@ -298,7 +282,7 @@ torch::Tensor gemv_f32(const torch::Tensor& x, const torch::Tensor& w, int64_t g
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for_rows(rows, batch, grain, wp, in * 4, [&](int64_t r, int64_t b0, int64_t nb) {
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
 #define CALL(N) row_f32<N>(wp + r * in, xp + b0 * in, in, in, tile)
     float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
@@ -324,7 +308,7 @@ torch::Tensor gemv_int8(const torch::Tensor& x, const torch::Tensor& q, const to
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for_rows(rows, batch, grain, qp, in, [&](int64_t r, int64_t b0, int64_t nb) {
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
 #define CALL(N) row_int8<N>(qp + r * in, xp + b0 * in, in, in, sp[r], tile)
     float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
@@ -381,7 +365,7 @@ torch::Tensor gemv_int4(const torch::Tensor& x, const torch::Tensor& packed, con
   const float* sp = scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t groups = in / group;
-  for_rows(rows, batch, grain, wp, in / 2, [&](int64_t r, int64_t b0, int64_t nb) {
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
 #define CALL(N) row_int4<N>(wp + r * (in / 2), xp + b0 * in, in, in, sp + r * groups, group, tile)
     float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
@@ -537,7 +521,7 @@ torch::Tensor gemv_int4_a8(const torch::Tensor& x, const torch::Tensor& packed, 
 #else
   const int32_t* idx = lane_scale;
 #endif
-  for_rows(rows, batch, grain, wp, in / 2, [&](int64_t r, int64_t b0, int64_t nb) {
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
 #define CALL(N) row_int4_a8<N>(wp + r * (in / 2), a, b0, sp + r * groups, idx, tile)
     float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
