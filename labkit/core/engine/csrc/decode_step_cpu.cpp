@@ -2,8 +2,8 @@
 // layers here instead of in Python.
 //
 // DecodePlan records, once, which kernel runs each part of every layer and the tensors it reads; its Python loop
-// (DecodePlan.run_python) then makes ~12 calls a layer, each through pybind11 plus a few tensor views: about 15 us
-// a layer, ~0.5 ms of a smollm2-135m step, which is a tenth of a quantized step's time. This module holds the same
+// (DecodePlan.run_layers) then makes ~12 calls a layer, each through pybind11 plus a few tensor views: 0.35-1.3 ms
+// of a smollm2-135m step by format (one-off A/Bs), up to a tenth of a quantized step's time. This module holds the same
 // records (a DecodeStep built once per plan) and runs the same calls in the same order from C++: the GEMV kernels of
 // ../../quant/csrc/gemv_cpu.cpp and the paged K/V write and decode attention of ../../attention/csrc/
 // paged_decode_cpu.cpp, included here as sources (LABKIT_KERNELS_ONLY leaves out their own Python modules), so the
