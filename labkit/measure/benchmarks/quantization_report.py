@@ -535,7 +535,7 @@ NOTES = """\
   in the kernel table's rounds (its shares), and once before the run; the most of all of them is the roof of the step
   split and of the speed-up bounds. A VM's memory bandwidth can drift with its host's other guests, which the load
   figure cannot see: on an AMD EPYC VM the same 256 MB read ran at 32.9, 35.4 and 56.4 GB/s in three runs within an
-  hour; on an Intel Xeon VM it held at 29.6-31.5 GB/s over four runs.
+  hour; on an Intel Xeon VM it held at 27.7-31.5 GB/s over seven runs.
 * The machine is a shared 2-core VM: other processes' load is in the hardware table, and with load above ~10% the
   timings (and every ratio built from them) are unreliable; the perplexity figures do not depend on load."""
 
