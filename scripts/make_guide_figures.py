@@ -271,7 +271,7 @@ def quantization(data: Data) -> str:
     by = {r[0]: r for r in fmt["rows"]}
     parts = [f"{name} {by[name][col('decode ms/token')].split(' ')[0]} ms/token ({by[name][col('tok/s vs float32')]}, "
              f"perplexity {by[name][col('perplexity (vs float32)')].split(' ')[-1].strip('()')})"
-             for name in ("float32", "int8", "int4-g32", "int4-g32-a8") if name in by]
+             for name in ("float32", "int8", "int8-a16", "int4-g32", "int4-g32-a16", "int4-g32-a8") if name in by]
     goals = table_with(data, "goal")
     missed = [r[0] for r in goals["rows"] if r[-1] != "met"]
     return fill(

@@ -53,8 +53,8 @@ class LLM:
         dtype: "auto" (bf16 on capable GPUs, float32 elsewhere), "float32", "bfloat16", "float16", "float64".
         seed: seeds unseeded sampled requests, so a whole run is reproducible.
         quantization: None, "int8" or "int4" (vLLM's name), or a ``QuantizationConfig`` (int4's group size, and
-            ``activations="int8"`` to round decode calls' inputs too): quantization of every linear layer at load
-            (``labkit.core.quant``, notebook 14).
+            ``activations="int16"`` or, for int4, ``"int8"`` to round decode calls' inputs too): quantization of
+            every linear layer at load (``labkit.core.quant``, notebook 14).
         **engine_options: the engine's options (vLLM names, e.g. max_model_len).
     """
 

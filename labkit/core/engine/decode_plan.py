@@ -61,7 +61,7 @@ class LinearCall:
     same call from the same fields."""
 
     run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
-    kernel: str  # the C++ function it calls: "gemv_f32", "gemv_int8", "gemv_int4" or "gemv_int4_a8"
+    kernel: str  # the C++ function it calls: "gemv_f32", "gemv_int8", "gemv_int4", or one with "_a16" / "_a8" added
     weight: torch.Tensor  # (out, in) float32 or int8, or (out, in / 2) uint8 (int4, two per byte)
     scales: torch.Tensor | None  # int8: (out,); int4: (out, in / group); float32: None
     group_size: int  # int4's group (0 otherwise)
@@ -106,16 +106,18 @@ def with_bias(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
 
 def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
                      bias: torch.Tensor | None, activations: str = "float") -> LinearCall:
+    suffix = {"float": "", "int16": "_a16", "int8": "_a8"}[activations]  # the layer's own choice (QuantizedLinear)
     if method == "int8":
-        name, group_size = "gemv_int8", 0
+        name, group_size = "gemv_int8" + suffix, 0
         task_rows = gemv.task_rows(qweight.shape[1])
+        int8_kernel = getattr(module, name)
 
         def run(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
             if bias is None:
-                return module.gemv_int8(x, qweight, scales, task_rows, residual)
-            return with_bias(module.gemv_int8(x, qweight, scales, task_rows), bias, residual)
+                return int8_kernel(x, qweight, scales, task_rows, residual)
+            return with_bias(int8_kernel(x, qweight, scales, task_rows), bias, residual)
     else:
-        name = "gemv_int4_a8" if activations == "int8" else "gemv_int4"  # the layer's own choice (QuantizedLinear)
+        name = "gemv_int4" + suffix
         task_rows = gemv.task_rows(qweight.shape[1] + scales.shape[1] * 4)
         kernel = getattr(module, name)
 

@@ -2,10 +2,13 @@
 
 ``LLM(..., quantization="int8")`` stores every linear layer's weight as int8 with one float32 scale per output
 channel (row); ``"int4"`` stores two 4-bit values per byte with one float32 scale per ``group_size`` inputs of a row.
-A ``QuantizationConfig`` names the group size (``QuantizationConfig("int4", group_size=64)``) and, for int4, whether
-decode-shaped calls round their activations to int8 (``activations="int8"``: llama.cpp's Q4_0 x Q8_0 scheme, so an
-integer dot-product instruction does the multiplying; the weights are stored the same way, prefill keeps float
-activations, and a model rebuilt from its ``state_dict`` in another process gets float activations). The embedding
+A ``QuantizationConfig`` names the group size (``QuantizationConfig("int4", group_size=64)``) and what decode-shaped
+calls on a CPU multiply the weights by: float32 inputs (``activations="float"``, the default), inputs rounded to int16
+(``"int16"``, int8 or int4 weights: one scale per 32 inputs, at most float16's rounding error on each dot product, so
+still weight-only in vLLM's W8A16 / W4A16 sense; an integer dot-product instruction does the multiplying), or, for
+int4, inputs rounded to int8 (``"int8"``: llama.cpp's Q4_0 x Q8_0 scheme, not weight-only). The weights are stored the
+same way in all three; prefill keeps float activations, and a model rebuilt from its ``state_dict`` in another
+process gets float activations. The embedding
 table stays in the model's dtype: a lookup reads one row per token, so there are no bytes to save in decode.
 ``lm_head`` (the largest single matrix of a small model, tied or not) is quantized like the rest unless
 ``lm_head=False``.
@@ -21,7 +24,7 @@ import torch
 QUANTIZATION_METHODS = ("int8", "int4")  # vLLM's option name quantization=..., labkit's two weight-only formats
 INT4_GROUP_SIZES = (32, 64, 128)  # inputs per int4 scale: multiples of 32, the kernel's unit (16 bytes)
 DEFAULT_INT4_GROUP_SIZE = 32
-ACTIVATION_FORMATS = ("float", "int8")  # what an int4 layer's decode kernel multiplies the weights by
+ACTIVATION_FORMATS = ("float", "int16", "int8")  # what a quantized layer's decode kernel multiplies the weights by
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # dtypes a quantized layer computes in
 
 
@@ -32,7 +35,7 @@ class QuantizationConfig:
     method: str
     group_size: int = DEFAULT_INT4_GROUP_SIZE  # int4 only; int8 has one scale per output channel
     lm_head: bool = True  # quantize lm_head too (the embedding table never is)
-    activations: str = "float"  # int4 only: "int8" rounds a decode call's inputs to int8 (one scale per 32 inputs)
+    activations: str = "float"  # "int16" / "int8" (int4 only): round a decode call's inputs (one scale per 32 inputs)
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -46,14 +49,13 @@ class QuantizationConfig:
                              f"{self.activations!r}")
         if self.activations == "int8" and self.method != "int4":
             raise ValueError("activations='int8' is implemented for int4 weights (method='int4'), not for "
-                             f"{self.method!r}")
+                             f"{self.method!r} (whose activations can be 'float' or 'int16')")
 
     @property
     def name(self) -> str:
-        """Short label: "int8", "int4-g32", "int4-g32-a8" (int8 activations)."""
-        if self.method == "int8":
-            return "int8"
-        return f"int4-g{self.group_size}" + ("-a8" if self.activations == "int8" else "")
+        """Short label: "int8", "int4-g32"; "-a16" (int16 activations) or "-a8" (int8 activations) added."""
+        suffix = {"float": "", "int16": "-a16", "int8": "-a8"}[self.activations]
+        return ("int8" if self.method == "int8" else f"int4-g{self.group_size}") + suffix
 
     @property
     def bits(self) -> float:

@@ -91,6 +91,21 @@ def gemv_int4_a8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gr
     return module.gemv_int4_a8(x.contiguous(), packed, scales, group_size, grain(packed.shape[0], row_bytes))
 
 
+def gemv_int8_a16(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """As ``gemv_int8``, with x rounded to int16 inside the call (one float32 scale, amax / 32767, per 32 inputs) and
+    the products summed as integers (AVX-512 VNNI's vpdpwssd where the CPU has it)."""
+    module = _module()
+    return module.gemv_int8_a16(x.contiguous(), q, scales, grain(q.shape[0], q.shape[1]))
+
+
+def gemv_int4_a16(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """As ``gemv_int4``, with x rounded to int16 inside the call (one float32 scale per 32 inputs), the products
+    summed as integers."""
+    module = _module()
+    row_bytes = packed.shape[1] + scales.shape[1] * 4
+    return module.gemv_int4_a16(x.contiguous(), packed, scales, group_size, grain(packed.shape[0], row_bytes))
+
+
 LOADED: list[ModuleType] = []  # the module once loaded: every decode layer's calls ask for it
 
 

@@ -22,15 +22,20 @@ from labkit.core.quant.weights import Quantizer, dequantize_weight, quantize_wei
 
 def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, group_size: int,
                      bias: torch.Tensor | None, activations: str = "float") -> torch.Tensor:
-    """(..., in) -> (..., out): the GEMV kernel for decode-shaped calls on a CPU in float32 (``activations="int8"``:
-    int4 weights times x rounded to int8), else dequantize and ``F.linear`` in x's dtype."""
+    """(..., in) -> (..., out): the GEMV kernel for decode-shaped calls on a CPU in float32 (``activations="int16"``:
+    the weights times x rounded to int16, ``"int8"``: int4 weights times x rounded to int8), else dequantize and
+    ``F.linear`` in x's dtype."""
     n_in = qweight.shape[1] * (2 if method == "int4" else 1)
     rows = x.numel() // n_in
     if (x.device.type == "cpu" and x.dtype == torch.float32 and rows <= gemv.MAX_KERNEL_ROWS
             and gemv.load_gemv() is not None):
         x2 = x.reshape(rows, n_in)  # (B, in)
-        if method == "int8":
+        if method == "int8" and activations == "int16":
+            y = gemv.gemv_int8_a16(x2, qweight, scales)
+        elif method == "int8":
             y = gemv.gemv_int8(x2, qweight, scales)
+        elif activations == "int16":
+            y = gemv.gemv_int4_a16(x2, qweight, scales, group_size)  # (B, out)
         elif activations == "int8":
             y = gemv.gemv_int4_a8(x2, qweight, scales, group_size)  # (B, out)
         else:
@@ -47,8 +52,9 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, group_s
 
 
 class QuantizedLinear(nn.Module):
-    """A linear layer over an int8 or int4 weight (weight-only quantization: activations stay float, unless an int4
-    layer's config says ``activations="int8"``, which its decode-shaped calls round to int8). Notebook 14."""
+    """A linear layer over an int8 or int4 weight (weight-only quantization: activations stay float, or 16-bit
+    integers with ``activations="int16"``, unless an int4 layer's config says ``activations="int8"``; only
+    decode-shaped calls round them). Notebook 14."""
 
     def __init__(self, in_features: int, out_features: int, config: QuantizationConfig, bias: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
@@ -80,7 +86,7 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.method == "int4" else ""
-        group += ", int8 activations" if self.activations == "int8" else ""
+        group += f", {self.activations} activations" if self.activations != "float" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.method}{group}"
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

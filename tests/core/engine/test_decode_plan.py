@@ -69,8 +69,10 @@ def test_tokens_equal_transformers(engine: str, options: dict, bundled_path: Pat
         assert bm.num_free_blocks == bm.num_blocks  # no KV block leaked
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4", QuantizationConfig("int4", activations="int8")],
-                         ids=["int8", "int4", "int4-a8"])
+@pytest.mark.parametrize("quantization", ["int8", "int4", QuantizationConfig("int4", activations="int8"),
+                                          QuantizationConfig("int8", activations="int16"),
+                                          QuantizationConfig("int4", activations="int16")],
+                         ids=["int8", "int4", "int4-a8", "int8-a16", "int4-a16"])
 def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: object, bundled_path: Path,
                                                         prompt_ids: list[list[int]]) -> None:
     runs = []
@@ -83,8 +85,10 @@ def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: object, bu
                 layers = plan_of(llm).layers or []
                 kernels = {call.kernel for layer in layers for call in (layer.qkv, layer.o_proj, layer.gate_up,
                                                                         layer.down)}
-                want = "gemv_int8" if quantization == "int8" else "gemv_int4" if quantization == "int4" else \
-                    "gemv_int4_a8"  # the kernel the layers run layer by layer (QuantizedLinear's choice)
+                config = quantization if isinstance(quantization, QuantizationConfig) else \
+                    QuantizationConfig(quantization)  # type: ignore[arg-type]
+                suffix = {"float": "", "int16": "_a16", "int8": "_a8"}[config.activations]
+                want = f"gemv_{config.method}{suffix}"  # the kernel the layers run layer by layer (QuantizedLinear's)
                 assert kernels == {want}
     assert runs[0] == runs[1]
 
@@ -92,9 +96,11 @@ def test_quantized_tokens_equal_the_layer_by_layer_path(quantization: object, bu
 @pytest.mark.parametrize("kind,quantization", [
     ("bundled", None), ("bundled", "int8"), ("bundled", "int4"),
     ("bundled", QuantizationConfig("int4", activations="int8")),
+    ("bundled", QuantizationConfig("int8", activations="int16")),
+    ("bundled", QuantizationConfig("int4", 64, activations="int16")),
     ("qwen2", None),  # biases on q/k/v: (y + bias), then the residual
     ("llama3-rope", "int8"),  # one KV head (GQA 4:1), untied lm_head
-], ids=["float32", "int8", "int4", "int4-a8", "qwen2-bias", "llama3-gqa"])
+], ids=["float32", "int8", "int4", "int4-a8", "int8-a16", "int4-g64-a16", "qwen2-bias", "llama3-gqa"])
 def test_the_cpp_step_computes_the_python_loops_bits(kind: str, quantization: object, bundled_path: Path,
                                                       random_checkpoint, prompt_ids: list[list[int]],  # type: ignore
                                                       monkeypatch: pytest.MonkeyPatch) -> None:

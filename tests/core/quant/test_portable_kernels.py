@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 from paged_tables import shuffled_tables
-from test_quant_formats import int8_activations_reference, weights
+from test_quant_formats import int8_activations_reference, int16_activations_reference, weights
 
 from labkit.core.attention import cpp_decode
 from labkit.core.quant import dequantize_int4, dequantize_int8, gemv, quantize_int4, quantize_int8
@@ -78,6 +78,14 @@ def test_portable_gemv_kernels_match_their_references(portable: tuple[ModuleType
         torch.testing.assert_close(module.gemv_int4_a8(x, p, s4, group, 8),
                                    int8_activations_reference(x, p, s4, group), rtol=1e-5, atol=1e-5)
         assert torch.equal(module.gemv_int4_a8(x, p, s4, group, 1), module.gemv_int4_a8(x, p, s4, group, 10**6))
+        torch.testing.assert_close(module.gemv_int4_a16(x, p, s4, group, 8),
+                                   int16_activations_reference(x, dequantize_int4(p, s4, group)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(module.gemv_int8_a16(x, q, s, 8), int16_activations_reference(x, dequantize_int8(q, s)),
+                               rtol=1e-5, atol=1e-5)
+    x50 = x[:, :50].contiguous()  # int8's inputs need not fill a group of 32
+    q50, s50 = quantize_int8(w[:, :50].contiguous())
+    torch.testing.assert_close(module.gemv_int8_a16(x50, q50, s50, 8),
+                               int16_activations_reference(x50, dequantize_int8(q50, s50)), rtol=1e-5, atol=1e-5)
 
 
 def test_portable_layer_ops_match_the_avx512_build(portable: tuple[ModuleType, ModuleType]) -> None:

@@ -19,7 +19,7 @@ namespace {
 
 // One linear layer as a decode step runs it: the GEMV kernel DecodePlan chose, its weight tensors and arguments.
 struct PlannedLinear {
-  std::string kernel;  // "gemv_f32", "gemv_int8", "gemv_int4" or "gemv_int4_a8"
+  std::string kernel;  // "gemv_f32", "gemv_int8", "gemv_int8_a16", "gemv_int4", "gemv_int4_a16" or "gemv_int4_a8"
   torch::Tensor weight;  // (out, in) float32, (out, in) int8, or (out, in / 2) uint8 packed int4
   c10::optional<torch::Tensor> scales;  // int8: (out,), int4: (out, in / group); float32: none
   int64_t group;  // int4's group size (unused otherwise)
@@ -30,15 +30,19 @@ struct PlannedLinear {
                 int64_t grain_, c10::optional<torch::Tensor> bias_)
       : kernel(std::move(kernel_)), weight(std::move(weight_)), scales(std::move(scales_)), group(group_),
         grain(grain_), bias(std::move(bias_)) {
-    TORCH_CHECK(kernel == "gemv_f32" || kernel == "gemv_int8" || kernel == "gemv_int4" || kernel == "gemv_int4_a8",
-                "unknown GEMV kernel '", kernel, "' (gemv_f32, gemv_int8, gemv_int4 or gemv_int4_a8)");
+    TORCH_CHECK(kernel == "gemv_f32" || kernel == "gemv_int8" || kernel == "gemv_int8_a16" || kernel == "gemv_int4" ||
+                    kernel == "gemv_int4_a16" || kernel == "gemv_int4_a8",
+                "unknown GEMV kernel '", kernel, "' (gemv_f32, gemv_int8, gemv_int8_a16, gemv_int4, gemv_int4_a16 or ",
+                "gemv_int4_a8)");
     TORCH_CHECK(kernel == "gemv_f32" || scales.has_value(), kernel, " needs its scales");
   }
 
   torch::Tensor gemv(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual) const {
     if (kernel == "gemv_f32") return gemv_f32(x, weight, grain, residual);
     if (kernel == "gemv_int8") return gemv_int8(x, weight, *scales, grain, residual);
+    if (kernel == "gemv_int8_a16") return gemv_int8_a16(x, weight, *scales, grain, residual);
     if (kernel == "gemv_int4") return gemv_int4(x, weight, *scales, group, grain, residual);
+    if (kernel == "gemv_int4_a16") return gemv_int4_a16(x, weight, *scales, group, grain, residual);
     return gemv_int4_a8(x, weight, *scales, group, grain, residual);
   }
 
