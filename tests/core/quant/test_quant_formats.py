@@ -108,13 +108,15 @@ def test_int8_activation_kernel_matches_its_reference(n_in: int, group: int, bat
                        module.gemv_int4_a8(x, packed, scales, group, 10**6))  # any thread split, the same bits
 
 
-def test_int8_activation_kernel_refuses_a_group_it_cannot_read() -> None:
+def test_rounded_activation_kernels_refuse_a_group_they_cannot_read() -> None:
     module = gemv.load_gemv(warn=False)
     if module is None:
         pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
     packed, scales = quantize_int4(weights(8, 192, seed=1), 96)
     with pytest.raises(RuntimeError, match="group size must be 32, 64 or 128 and divide in"):
         module.gemv_int4_a8(torch.randn(1, 192), packed, scales, 96, 1)
+    with pytest.raises(RuntimeError, match="int16 activations the group size must be 32, 64 or 128 and divide in"):
+        module.gemv_int4_a16(torch.randn(1, 192), packed, scales, 96, 1)  # a 64-input chunk would span two groups
 
 
 def round_to_int16(x: torch.Tensor) -> torch.Tensor:
