@@ -560,7 +560,9 @@ NOTES = """\
   in the kernel table's rounds (its shares), and once before the run; the most of all of them is the roof of the step
   split and of the speed-up bounds. A VM's memory bandwidth can drift with its host's other guests, which the load
   figure cannot see: on an AMD EPYC VM the same 256 MB read ran at 32.9, 35.4 and 56.4 GB/s in three runs within an
-  hour; on an Intel Xeon VM it held at 27.7-31.5 GB/s over seven runs.
+  hour; on an Intel Xeon VM it held at 27.7-31.5 GB/s over seven runs one day and at 25.3-25.8 GB/s (dips to 13)
+  over three runs the next day, when the same step's work outside its linear layers also took twice as long
+  (4.9 -> 9.6-9.8 ms layer by layer) and float32 prefill ran at under half the rate: every ratio moved with it.
 * The machine is a shared 2-core VM: other processes' load is in the hardware table, and with load above ~10% the
   timings (and every ratio built from them) are unreliable; the perplexity figures do not depend on load."""
 
