@@ -266,8 +266,33 @@ inline void store_tile(const float* tile, float* y, const float* residual, int64
   }
 }
 
-torch::Tensor new_output(const torch::Tensor& x, int64_t batch, int64_t rows, const float* residual) {
-  return residual == nullptr ? torch::empty({rows, batch}, x.options()) : torch::empty({batch, rows}, x.options());
+// The frame every GEMV kernel shares: the output, (out, B) memory without a residual (returned as a (B, out) view) or
+// (B, out) with one; the rows split between threads; tile(r, b0, nb, out) computes one output row for nb batch rows
+// from b0 (a row kernel dispatched on nb: LABKIT_TILE_DISPATCH), and the tile is stored as it is computed.
+template <typename TileFn>
+torch::Tensor run_rows(const torch::Tensor& x, int64_t rows, int64_t grain,
+                       const c10::optional<torch::Tensor>& residual, TileFn tile_fn) {
+  const int64_t batch = x.size(0);
+  const float* res = residual_ptr(residual, batch, rows);
+  auto y = res == nullptr ? torch::empty({rows, batch}, x.options()) : torch::empty({batch, rows}, x.options());
+  float* yp = y.data_ptr<float>();
+  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+    float tile[kMaxTile];
+    tile_fn(r, b0, nb, tile);  // tile_fn holds its pointers by value (no reload through a reference per row)
+    store_tile(tile, yp, res, r, b0, nb, batch, rows);
+  });
+  return res == nullptr ? y.t() : y;  // (B, out)
+}
+
+// int8 weights: q (out, in) int8 and scales (out,) float32, contiguous on the CPU, x (B, in).
+void check_int8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kInt8 && q.is_contiguous(),
+              "q must be a contiguous (out, in) int8 tensor");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.numel() == q.size(0) && scales.is_contiguous(),
+              "scales must be (out,) float32");
+  check_cpu(q, "q");
+  check_cpu(scales, "scales");
+  check_x(x, q.size(1));
 }
 
 torch::Tensor gemv_f32(const torch::Tensor& x, const torch::Tensor& w, int64_t grain,
@@ -275,47 +300,29 @@ torch::Tensor gemv_f32(const torch::Tensor& x, const torch::Tensor& w, int64_t g
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous(),
               "w must be a contiguous (out, in) float32 tensor");
   check_cpu(w, "w");
-  const int64_t batch = x.size(0), rows = w.size(0), in = w.size(1);
+  const int64_t in = w.size(1);
   check_x(x, in);
-  const float* res = residual_ptr(residual, batch, rows);
-  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+  return run_rows(x, w.size(0), grain, residual, [=](int64_t r, int64_t b0, int64_t nb, float* tile) {
 #define CALL(N) row_f32<N>(wp + r * in, xp + b0 * in, in, in, tile)
-    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
-    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return res == nullptr ? y.t() : y;  // (B, out)
 }
 
 torch::Tensor gemv_int8(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales, int64_t grain,
                         const c10::optional<torch::Tensor>& residual) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kInt8 && q.is_contiguous(),
-              "q must be a contiguous (out, in) int8 tensor");
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.numel() == q.size(0) && scales.is_contiguous(),
-              "scales must be (out,) float32");
-  check_cpu(q, "q");
-  check_cpu(scales, "scales");
-  const int64_t batch = x.size(0), rows = q.size(0), in = q.size(1);
-  check_x(x, in);
-  const float* res = residual_ptr(residual, batch, rows);
-  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
+  check_int8(x, q, scales);
+  const int64_t in = q.size(1);
   const float* xp = x.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+  return run_rows(x, q.size(0), grain, residual, [=](int64_t r, int64_t b0, int64_t nb, float* tile) {
 #define CALL(N) row_int8<N>(qp + r * in, xp + b0 * in, in, in, sp[r], tile)
-    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
-    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return res == nullptr ? y.t() : y;
 }
 
 // x (B, in) -> (B, in) with each block of 32 inputs reordered to (even inputs, odd inputs): the order the int4 rows
@@ -358,23 +365,16 @@ void check_int4(const torch::Tensor& x, const torch::Tensor& packed, const torch
 torch::Tensor gemv_int4(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                         int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
   check_int4(x, packed, scales, group, false);
-  const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
-  const float* res = residual_ptr(residual, batch, rows);
-  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
-  const std::vector<float> x_perm = permute_blocks(x.data_ptr<float>(), batch, in);  // in % 32 == 0: checked above
+  const int64_t in = packed.size(1) * 2, groups = in / group;
+  const std::vector<float> x_perm = permute_blocks(x.data_ptr<float>(), x.size(0), in);  // in % 32 == 0: checked
   const float* xp = x_perm.data();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t groups = in / group;
-  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+  return run_rows(x, packed.size(0), grain, residual, [=](int64_t r, int64_t b0, int64_t nb, float* tile) {
 #define CALL(N) row_int4<N>(wp + r * (in / 2), xp + b0 * in, in, in, sp + r * groups, group, tile)
-    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
-    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return res == nullptr ? y.t() : y;
 }
 
 // int4 weights times int8 activations (QuantizationConfig(..., activations="int8"), llama.cpp's Q4_0 x Q8_0 scheme):
@@ -508,14 +508,10 @@ inline void row_int4_a8(const uint8_t* w, const Int8Activations& a, int64_t b0, 
 torch::Tensor gemv_int4_a8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                            int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
   check_int4(x, packed, scales, group, true);
-  const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
-  const float* res = residual_ptr(residual, batch, rows);
-  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
-  const Int8Activations a = quantize_activations(x.data_ptr<float>(), batch, in, group);
+  const int64_t in = packed.size(1) * 2, groups = in / group;
+  const Int8Activations a = quantize_activations(x.data_ptr<float>(), x.size(0), in, group);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t groups = in / group;
   alignas(64) int32_t lane_scale[16];  // lane i (elements 8i ... 8i + 7 of a block) -> the block's scale 8i / group
   for (int i = 0; i < 16; ++i) lane_scale[i] = static_cast<int32_t>(8 * i / group);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -523,14 +519,11 @@ torch::Tensor gemv_int4_a8(const torch::Tensor& x, const torch::Tensor& packed, 
 #else
   const int32_t* idx = lane_scale;
 #endif
-  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+  return run_rows(x, packed.size(0), grain, residual, [=, &a](int64_t r, int64_t b0, int64_t nb, float* tile) {
 #define CALL(N) row_int4_a8<N>(wp + r * (in / 2), a, b0, sp + r * groups, idx, tile)
-    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
-    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return res == nullptr ? y.t() : y;
 }
 
 // int8 or int4 weights times 16-bit integer activations (QuantizationConfig(..., activations="int16")): on an
@@ -756,49 +749,30 @@ inline void row_int4_a16(const uint8_t* w, const Int16Activations& a, int64_t b0
 
 torch::Tensor gemv_int8_a16(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales,
                             int64_t grain, const c10::optional<torch::Tensor>& residual) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kInt8 && q.is_contiguous(),
-              "q must be a contiguous (out, in) int8 tensor");
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.numel() == q.size(0) && scales.is_contiguous(),
-              "scales must be (out,) float32");
-  check_cpu(q, "q");
-  check_cpu(scales, "scales");
-  const int64_t batch = x.size(0), rows = q.size(0), in = q.size(1);
-  check_x(x, in);
-  const float* res = residual_ptr(residual, batch, rows);
-  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
-  const Int16Activations a = int16_activations(x.data_ptr<float>(), batch, in, false);
+  check_int8(x, q, scales);
+  const int64_t in = q.size(1);
+  const Int16Activations a = int16_activations(x.data_ptr<float>(), x.size(0), in, false);
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+  return run_rows(x, q.size(0), grain, residual, [=, &a](int64_t r, int64_t b0, int64_t nb, float* tile) {
 #define CALL(N) row_int8_a16<N>(qp + r * in, a, b0, in, sp[r], tile)
-    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
-    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return res == nullptr ? y.t() : y;
 }
 
 torch::Tensor gemv_int4_a16(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
                             int64_t group, int64_t grain, const c10::optional<torch::Tensor>& residual) {
   check_int4(x, packed, scales, group, true);
-  const int64_t batch = x.size(0), rows = packed.size(0), in = packed.size(1) * 2;
-  const float* res = residual_ptr(residual, batch, rows);
-  auto y = new_output(x, batch, rows, res);  // (out, B), or (B, out) with a residual
-  const Int16Activations a = int16_activations(x.data_ptr<float>(), batch, in, true);
+  const int64_t in = packed.size(1) * 2, groups = in / group;
+  const Int16Activations a = int16_activations(x.data_ptr<float>(), x.size(0), in, true);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t groups = in / group;
-  for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
+  return run_rows(x, packed.size(0), grain, residual, [=, &a](int64_t r, int64_t b0, int64_t nb, float* tile) {
 #define CALL(N) row_int4_a16<N>(wp + r * (in / 2), a, b0, in, sp + r * groups, group, tile)
-    float tile[kMaxTile];
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
-    store_tile(tile, yp, res, r, b0, nb, batch, rows);
   });
-  return res == nullptr ? y.t() : y;
 }
 
 // The streaming-read roof: sum a large float32 tensor with the same threads and the same row split, 16 lanes of
