@@ -4,9 +4,8 @@
 channel (row); ``"int4"`` stores two 4-bit values per byte with one float32 scale per ``group_size`` inputs of a row.
 A ``QuantizationConfig`` names the group size (``QuantizationConfig("int4", group_size=64)``) and what decode-shaped
 calls on a CPU multiply the weights by: float32 inputs (``activations="float"``, the default), inputs rounded to int16
-(``"int16"``, int8 or int4 weights: one scale per 32 inputs, erring less than float16 inputs would (the tests: a
-quarter of their error or less), so still weight-only in vLLM's W8A16 / W4A16 sense; an integer dot-product
-instruction does the multiplying), or, for
+(``"int16"``, int8 or int4 weights: one scale per 32 inputs, erring less than float16 inputs would (tested), so still
+weight-only in vLLM's W8A16 / W4A16 sense; an integer dot-product instruction does the multiplying), or, for
 int4, inputs rounded to int8 (``"int8"``: llama.cpp's Q4_0 x Q8_0 scheme, not weight-only). The weights are stored the
 same way in all three; prefill keeps float activations, and a model rebuilt from its ``state_dict`` in another
 process gets float activations. The embedding
