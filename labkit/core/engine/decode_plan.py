@@ -41,6 +41,7 @@ from labkit.core.model.decoder import DecoderLayer
 from labkit.core.model.layers import MLP, MergedLinear, RMSNorm
 from labkit.core.model.linear import STALL_WATCH, Linear
 from labkit.core.quant import gemv
+from labkit.core.quant.config import gemv_kernel_name
 from labkit.core.quant.linear import QuantizedLinear, QuantizedMergedLinear
 
 STEP_SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_step_cpu.cpp"
@@ -106,20 +107,18 @@ def with_bias(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None
 
 def quantized_linear(module: ModuleType, method: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
                      bias: torch.Tensor | None, activations: str = "float") -> LinearCall:
-    suffix = {"float": "", "int16": "_a16", "int8": "_a8"}[activations]  # the layer's own choice (QuantizedLinear)
+    name = gemv_kernel_name(method, activations)  # the layer's own choice (QuantizedLinear)
+    kernel = getattr(module, name)
     if method == "int8":
-        name, group_size = "gemv_int8" + suffix, 0
+        group_size = 0
         task_rows = gemv.task_rows(qweight.shape[1])
-        int8_kernel = getattr(module, name)
 
         def run(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
             if bias is None:
-                return int8_kernel(x, qweight, scales, task_rows, residual)
-            return with_bias(int8_kernel(x, qweight, scales, task_rows), bias, residual)
+                return kernel(x, qweight, scales, task_rows, residual)
+            return with_bias(kernel(x, qweight, scales, task_rows), bias, residual)
     else:
-        name = "gemv_int4" + suffix
         task_rows = gemv.task_rows(qweight.shape[1] + scales.shape[1] * 4)
-        kernel = getattr(module, name)
 
         def run(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
             if bias is None:

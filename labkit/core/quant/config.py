@@ -25,6 +25,7 @@ QUANTIZATION_METHODS = ("int8", "int4")  # vLLM's option name quantization=..., 
 INT4_GROUP_SIZES = (32, 64, 128)  # inputs per int4 scale: multiples of 32, the kernel's unit (16 bytes)
 DEFAULT_INT4_GROUP_SIZE = 32
 ACTIVATION_FORMATS = ("float", "int16", "int8")  # what a quantized layer's decode kernel multiplies the weights by
+ACTIVATION_SUFFIXES = {"float": "", "int16": "a16", "int8": "a8"}  # in format names (int8-a16) and kernel names
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # dtypes a quantized layer computes in
 
 
@@ -54,13 +55,20 @@ class QuantizationConfig:
     @property
     def name(self) -> str:
         """Short label: "int8", "int4-g32"; "-a16" (int16 activations) or "-a8" (int8 activations) added."""
-        suffix = {"float": "", "int16": "-a16", "int8": "-a8"}[self.activations]
-        return ("int8" if self.method == "int8" else f"int4-g{self.group_size}") + suffix
+        suffix = ACTIVATION_SUFFIXES[self.activations]
+        return ("int8" if self.method == "int8" else f"int4-g{self.group_size}") + (f"-{suffix}" if suffix else "")
 
     @property
     def bits(self) -> float:
         """Bits per weight, scales counted (float32 scales: 32 bits over a row, or over a group)."""
         return 8.0 if self.method == "int8" else 4.0 + 32.0 / self.group_size
+
+
+def gemv_kernel_name(method: str, activations: str) -> str:
+    """The GEMV kernel a quantized layer's decode calls run, named as in ``labkit.core.quant.gemv`` and its C++
+    module: "gemv_int8", "gemv_int8_a16", "gemv_int4", "gemv_int4_a16" or "gemv_int4_a8"."""
+    suffix = ACTIVATION_SUFFIXES[activations]
+    return f"gemv_{method}" + (f"_{suffix}" if suffix else "")
 
 
 def resolve_quantization(value: str | QuantizationConfig | None) -> QuantizationConfig | None:

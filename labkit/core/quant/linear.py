@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from labkit.core.quant import gemv
-from labkit.core.quant.config import QuantizationConfig
+from labkit.core.quant.config import QuantizationConfig, gemv_kernel_name
 from labkit.core.quant.weights import Quantizer, dequantize_weight, quantize_weight
 
 
@@ -30,16 +30,8 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     if (x.device.type == "cpu" and x.dtype == torch.float32 and rows <= gemv.MAX_KERNEL_ROWS
             and gemv.load_gemv() is not None):
         x2 = x.reshape(rows, n_in)  # (B, in)
-        if method == "int8" and activations == "int16":
-            y = gemv.gemv_int8_a16(x2, qweight, scales)
-        elif method == "int8":
-            y = gemv.gemv_int8(x2, qweight, scales)
-        elif activations == "int16":
-            y = gemv.gemv_int4_a16(x2, qweight, scales, group_size)  # (B, out)
-        elif activations == "int8":
-            y = gemv.gemv_int4_a8(x2, qweight, scales, group_size)  # (B, out)
-        else:
-            y = gemv.gemv_int4(x2, qweight, scales, group_size)  # (B, out)
+        kernel = getattr(gemv, gemv_kernel_name(method, activations))
+        y = kernel(x2, qweight, scales) if method == "int8" else kernel(x2, qweight, scales, group_size)  # (B, out)
         if bias is not None:
             y = y + bias
         return y.reshape(*x.shape[:-1], -1)
