@@ -539,11 +539,20 @@ NOTES = """\
   On a 2-core Intel Xeon VM, with the software prefetch of the next note, two 32-weight chunks per iteration, each
   with its own table and accumulators, was faster: 4096 x 2048 layers 19.6-20.3 -> 21.8-22.1 GB/s (group 32),
   smollm2-135m's shapes 0-5% (one-off script, two runs); it is the kernel now.
-* GEMV kernels (AVX-512) ask for the weight bytes 2 KB ahead of those they read (`_mm_prefetch`): on the Intel VM
-  (8 layers 4096 x 2048, interleaved rounds, one-off script) float32 25 -> 27 GB/s, int8 15 -> 18, int4 12-13 ->
-  16-18, int4 with int8 activations 20-21 -> 31-35; 256 bytes ahead was slower than none, 2 and 4 KB alike. The
-  hardware prefetcher alone kept too few lines in flight for one core at these kernels' rate. The same prefetch made
-  the roof's plain sum slower (24 -> 19 GB/s), so the roof is measured without it.
+* GEMV kernels (AVX-512) ask for the weight bytes 4 KB ahead of those they read (`_mm_prefetch`): on the Intel VM
+  (8 layers 4096 x 2048, interleaved rounds, one-off script) 2 KB ahead took float32 25 -> 27 GB/s, int8 15 -> 18,
+  int4 12-13 -> 16-18, int4 with int8 activations 20-21 -> 31-35; 256 bytes ahead was slower than none. 4 KB rather
+  than 2: smollm2-135m's 121 layers of a step, each weight read once, int4-g32-a16 +4%, int4-g32-a8 +7%, float32 and
+  int8-a16 within 1% (one-off script, interleaved rounds). The hardware prefetcher alone kept too few lines in
+  flight for one core at these kernels' rate. The same prefetch made the roof's plain sum slower (24 -> 19 GB/s), so
+  the roof is measured without it.
+* Each thread reads its range of a layer's rows as four runs side by side (row k of each run in turn), not front to
+  back: more streams of weight bytes in flight than one stream gets, however far ahead it is prefetched.
+  smollm2-135m's 121 layers of a step, each weight read once (one-off script, interleaved rounds): int8 14.9 ->
+  20.4-20.7 GB/s, int8-a16 16.4 -> 22.3, float32 23.7 -> 26.0-26.4. A batch of one runs the int4 int16-activation
+  kernel four rows at once, one from each run, their instructions interleaved (one row's chain of dependent
+  instructions left the core waiting): int4-g32-a16 18.1 GB/s for two adjacent rows at once, 21.8-25.1 for four runs.
+  Each row's arithmetic is unchanged (the same bits, tested).
 * CTranslate2 runs the same weights, converted from a transformers Llama checkpoint of them (greedy tokens checked
   equal to labkit's on the bundled model), `compute_type` "float32" and "int8_float32", `intra_threads` = torch's
   threads; decode ms/token from `generate_tokens`' streamed timestamps. It runs in a child process of its own

@@ -160,6 +160,28 @@ def test_int16_activation_kernels_match_their_reference(n_in: int, group: int, b
         assert torch.equal(kernel(x, *args, 1), kernel(x, *args, 10**6)), name  # any thread split, the same bits
 
 
+@pytest.mark.parametrize("n_in,group", [(576, 32), (160, 32), (1536, 128)])
+def test_int4_int16_kernel_reads_four_rows_at_once_with_the_same_bits(n_in: int, group: int) -> None:
+    """A batch of one runs the int4 int16-activation kernel four weight rows at a time, one from each of four runs of
+    a thread's rows (the rows a short last run leaves unmatched one at a time): each row's arithmetic is unchanged, so
+    its output has the bits of the same x inside a batch (rows one at a time), for any row count and thread split;
+    160 inputs end on a half chunk."""
+    module = gemv.load_gemv(warn=False)
+    if module is None:
+        pytest.skip(f"no C++ kernel here: {gemv.load_result().missing}")
+    w = weights(69, n_in, seed=n_in)  # 69 rows: runs of 18 (one thread) or 9 (two), each with a short last run
+    packed, scales = quantize_int4(w, group)
+    x = torch.randn(3, n_in, generator=torch.Generator().manual_seed(n_in))
+    residual = torch.randn(1, 69, generator=torch.Generator().manual_seed(1))
+    batched = module.gemv_int4_a16(x, packed, scales, group, 8)  # (3, 69), one row at a time
+    for grain in (1, 3, 8, 10**6):  # one thread range or two
+        one = module.gemv_int4_a16(x[:1], packed, scales, group, grain)
+        assert torch.equal(one, batched[:1]), grain
+        assert torch.equal(module.gemv_int4_a16(x[:1], packed, scales, group, grain, residual), residual + one)
+    torch.testing.assert_close(batched, int16_activations_reference(x, dequantize_int4(packed, scales, group)),
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_int16_activations_err_no_more_than_float16_activations(seed: int) -> None:
     """The claim that makes ``activations="int16"`` weight-only in vLLM's W8A16 / W4A16 sense: on every output, the

@@ -1,9 +1,9 @@
 // Matrix-vector (and small-batch) products over float32, int8 and int4 weights, on the CPU.
 //
 // Decode multiplies every weight matrix by a few rows x (B, in): the arithmetic is tiny, the cost is reading the
-// weight. So each kernel streams its weight once, front to back: at::parallel_for gives each thread a contiguous
-// range of output rows (one stream per thread, which the hardware prefetcher follows), and a row is read once for all
-// B inputs (its bytes sit in L1 while each batch tile uses them). int8 and int4 weights are widened to float32 in
+// weight. So each kernel streams its weight once: at::parallel_for gives each thread a contiguous range of output
+// rows, which it reads as four runs side by side (four streams of bytes in flight; for_rows), and a row is read once
+// for all B inputs (its bytes sit in L1 while each batch tile uses them). int8 and int4 weights are widened in
 // registers, never written back, so only 1 byte (int8) or half a byte plus 1/8 of a float (int4, group 32) per
 // weight leaves memory. Every output is computed by one thread in a fixed order: results do not depend on the
 // number of threads. With AVX-512 (compiled -march=native) the loops use its intrinsics; elsewhere plain loops the
@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -37,12 +38,14 @@ constexpr int64_t kMaxTile = 8;  // batch rows sharing one pass over a weight ro
 
 #if defined(__AVX512F__)
 
-// Each kernel asks for the weight bytes kPrefetchBytes ahead of the ones it reads (the same thread's stream: its rows
-// are contiguous). Measured on a 2-core Intel Xeon VM (8 layers 4096 x 2048, interleaved rounds; one-off script):
+// Each kernel asks for the weight bytes kPrefetchBytes ahead of the ones it reads (in the same run of rows: rows are
+// contiguous). Measured on a 2-core Intel Xeon VM (8 layers 4096 x 2048, interleaved rounds; one-off script):
 // float32 25 -> 27 GB/s, int8 15 -> 18, int4 12-13 -> 16-18, int4 with int8 activations 20-21 -> 31-35. The
-// hardware prefetcher alone keeps too few lines in flight for one core at these kernels' rate of bytes. 2048 and
-// 4096 bytes measured alike; 256 was slower than none.
-constexpr int64_t kPrefetchBytes = 2048;
+// hardware prefetcher alone keeps too few lines in flight for one core at these kernels' rate of bytes. 256 bytes
+// ahead was slower than none. 4096 rather than 2048: smollm2-135m's 121 layers of a decode step, each weight read
+// once (one-off script, 12-20 interleaved rounds): int4 group 32 with int16 activations +4%, with int8 activations
+// +7%, float32 and int8 with int16 activations within 1%; 8192 as 4096, 1024 slower, and none 30% slower.
+constexpr int64_t kPrefetchBytes = 4096;
 
 inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
@@ -209,12 +212,26 @@ inline void row_int4(const uint8_t* w, const float* x, int64_t in, int64_t x_str
 
 #endif
 
-// Calls row(r, tile_start, NB, out_ptr) for every output row and batch tile; rows split between threads.
+// A thread reads its rows [begin, end) as kStreams runs side by side (row k of each run in turn), not front to back:
+// more streams of weight bytes in flight at once than one stream, however far ahead it is prefetched. Measured on a
+// 2-core Intel Xeon VM (smollm2-135m's 121 layers of a decode step, each weight read once, interleaved rounds;
+// one-off script): one stream -> two: int8 14.9 -> 18.9-20.4 GB/s, int8 with int16 activations 16.4 -> 22.3,
+// float32 23.7 -> 25.5-26.0; four as two or a little faster (int8 20.7, float32 26.4). Each row is computed as
+// before, so the same bits in any order.
+constexpr int64_t kStreams = 4;
+
+// The rows of run s of [begin, end): [begin + s * run, min(begin + (s + 1) * run, end)), run = ceil((end - begin) / 4).
+inline int64_t run_length(int64_t begin, int64_t end) { return (end - begin + kStreams - 1) / kStreams; }
+
+// Calls row(r, tile_start, NB, out_ptr) for every output row and batch tile; rows split between threads, each
+// thread's read as kStreams runs.
 template <typename RowFn>
 void for_rows(int64_t rows, int64_t batch, int64_t grain, RowFn row) {
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t b0 = 0; b0 < batch; b0 += kMaxTile) row(r, b0, std::min(kMaxTile, batch - b0));
+    const int64_t run = run_length(begin, end);
+    for (int64_t k = 0; k < run; ++k)
+      for (int64_t r = begin + k; r < end; r += run)
+        for (int64_t b0 = 0; b0 < batch; b0 += kMaxTile) row(r, b0, std::min(kMaxTile, batch - b0));
   });
 }
 
@@ -267,15 +284,41 @@ inline void store_tile(const float* tile, float* y, const float* residual, int64
 }
 
 // The frame every GEMV kernel shares: the output, (out, B) memory without a residual (returned as a (B, out) view) or
-// (B, out) with one; the rows split between threads; tile(r, b0, nb, out) computes one output row for nb batch rows
-// from b0 (a row kernel dispatched on nb: LABKIT_TILE_DISPATCH), and the tile is stored as it is computed.
-template <typename TileFn>
+// (B, out) with one; the rows split between threads (for_rows); tile(r, b0, nb, out) computes one output row for nb
+// batch rows from b0 (a row kernel dispatched on nb: LABKIT_TILE_DISPATCH), and the tile is stored as it is computed.
+// A kernel that also gives streams(r, run, out) (rows r, r + run, ... r + (kStreams - 1) * run for a batch of one,
+// their instructions interleaved) has a batch of one computed kStreams rows at a time, one from each run; the rows a
+// short last run leaves unmatched go to tile.
+struct NoStreams {};
+
+template <typename TileFn, typename StreamsFn = NoStreams>
 torch::Tensor run_rows(const torch::Tensor& x, int64_t rows, int64_t grain,
-                       const c10::optional<torch::Tensor>& residual, TileFn tile_fn) {
+                       const c10::optional<torch::Tensor>& residual, TileFn tile_fn, StreamsFn streams_fn = {}) {
   const int64_t batch = x.size(0);
   const float* res = residual_ptr(residual, batch, rows);
   auto y = res == nullptr ? torch::empty({rows, batch}, x.options()) : torch::empty({batch, rows}, x.options());
   float* yp = y.data_ptr<float>();
+  if constexpr (!std::is_same_v<StreamsFn, NoStreams>) {
+    if (batch == 1) {  // (1, out) and (out, 1) are the same memory: y[r] (+ res[r])
+      at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+        const int64_t run = run_length(begin, end);
+        float out[kStreams];
+        for (int64_t k = 0; k < run; ++k) {
+          const int64_t r = begin + k;
+          if (r + (kStreams - 1) * run < end) {
+            streams_fn(r, run, out);
+          } else {
+            for (int64_t s = 0; r + s * run < end; ++s) tile_fn(r + s * run, 0, 1, out + s);
+          }
+          for (int64_t s = 0; s < kStreams && r + s * run < end; ++s) {
+            const int64_t rs = r + s * run;
+            yp[rs] = res == nullptr ? out[s] : res[rs] + out[s];
+          }
+        }
+      });
+      return res == nullptr ? y.t() : y;
+    }
+  }
   for_rows(rows, batch, grain, [&](int64_t r, int64_t b0, int64_t nb) {
     float tile[kMaxTile];
     tile_fn(r, b0, nb, tile);  // tile_fn holds its pointers by value (no reload through a reference per row)
@@ -660,14 +703,21 @@ inline void row_int8_a16(const int8_t* w, const Int16Activations& a, int64_t b0,
   for (int b = 0; b < NB; ++b) out[b] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[b], acc1[b])) * scale;
 }
 
-// One int4 weight row against NB activation rows: per 64 weights (32 bytes) one widening, a mask and a shift split
-// the nibbles, two vpdpwssd sum them against x, and one conversion and one FMA apply both scales. Two chunks per
-// iteration into named accumulators, as above.
-template <int NB>
-inline void row_int4_a16(const uint8_t* w, const Int16Activations& a, int64_t b0, int64_t in, const float* scales,
-                         int64_t group, float* out) {
-  __m512 acc0[NB], acc1[NB];
-  for (int b = 0; b < NB; ++b) acc0[b] = acc1[b] = _mm512_setzero_ps();
+// NR int4 weight rows (row r at w + r * row_stride, its scales at scales + r * scale_stride) against NB activation
+// rows, out[r * NB + b]: per 64 weights (32 bytes) of a row one widening, a mask and a shift split the nibbles, two
+// vpdpwssd sum them against x, and one conversion and one FMA apply both scales. Two chunks per iteration into named
+// accumulators, as above. A batch of one runs kStreams rows at once, one from each of a thread's runs (run_rows):
+// one row's chain of dependent instructions (unpack, two vpdpwssd, convert, FMA, and the row's final sum) is longer
+// than the instructions the core keeps in flight for it, so one row at a time left the core waiting, and the rows'
+// streams of bytes are read side by side. Measured on a 2-core Intel Xeon VM (one-off scripts): one thread, weights
+// in cache, two adjacent rows at once: smollm2-135m's 3072 x 576 layer 94 -> 57-62 us, its lm_head 1.41-1.45 ->
+// 0.91-0.98 ms; the step's 121 layers, each read once: two adjacent rows 18.1 GB/s, two runs 20.0-22.7, four runs
+// 21.8-25.1 (against 19.4-19.5 for four runs a row at a time). Each row's arithmetic is the same in any grouping.
+template <int NR, int NB>
+inline void rows_int4_a16(const uint8_t* w, int64_t row_stride, const Int16Activations& a, int64_t b0, int64_t in,
+                          const float* scales, int64_t scale_stride, int64_t group, float* out) {
+  __m512 acc0[NR * NB], acc1[NR * NB];
+  for (int k = 0; k < NR * NB; ++k) acc0[k] = acc1[k] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi16(0x0F);
   const int16_t* q = a.q.data() + b0 * a.chunks * 64;   // (NB, chunks, 64)
   const int32_t* off = a.off.data() + b0 * a.chunks * 16;  // (NB, chunks, 16)
@@ -679,32 +729,36 @@ inline void row_int4_a16(const uint8_t* w, const Int16Activations& a, int64_t b0
   const int group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
   auto chunk = [&](int64_t c, bool whole, __m512* acc) {  // whole: both blocks (else block A only: in % 64 == 32)
     const int64_t i = c * 64;
-    const __m256i bytes = whole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i / 2))
-                                : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i / 2)));
-    const __m512i v = _mm512_cvtepu8_epi16(bytes);
-    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_srli_epi16(v, 4);
-    const float* sa = scales + (i >> group_shift);  // block A's group scale; block B's is the next one in group 32
-    const __m512 sw = group == 32 && whole
-                          ? _mm512_mask_broadcastss_ps(_mm512_set1_ps(sa[0]), 0xFF00, _mm_load_ss(sa + 1))
-                          : _mm512_set1_ps(sa[0]);
-    for (int b = 0; b < NB; ++b) {
-      const int64_t at = b * chunks + c;
-      __m512i d = _mm512_loadu_si512(off + at * 16);
-      d = _mm512_dpwssd_epi32(d, lo, _mm512_loadu_si512(q + at * 64));
-      d = _mm512_dpwssd_epi32(d, hi, _mm512_loadu_si512(q + at * 64 + 32));
-      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, _mm512_loadu_ps(sx + at * 16)), acc[b]);
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* wr = w + r * row_stride + i / 2;
+      const __m256i bytes = whole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr))
+                                  : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr)));
+      const __m512i v = _mm512_cvtepu8_epi16(bytes);
+      const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_srli_epi16(v, 4);
+      const float* sa = scales + r * scale_stride + (i >> group_shift);  // block A's; B's is the next in group 32
+      const __m512 sw = group == 32 && whole
+                            ? _mm512_mask_broadcastss_ps(_mm512_set1_ps(sa[0]), 0xFF00, _mm_load_ss(sa + 1))
+                            : _mm512_set1_ps(sa[0]);
+      for (int b = 0; b < NB; ++b) {
+        const int64_t at = b * chunks + c;
+        __m512i d = _mm512_loadu_si512(off + at * 16);
+        d = _mm512_dpwssd_epi32(d, lo, _mm512_loadu_si512(q + at * 64));
+        d = _mm512_dpwssd_epi32(d, hi, _mm512_loadu_si512(q + at * 64 + 32));
+        acc[r * NB + b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, _mm512_loadu_ps(sx + at * 16)),
+                                          acc[r * NB + b]);
+      }
     }
   };
   const int64_t full = in / 64;  // chunks with both blocks
   int64_t c = 0;
   for (; c + 2 <= full; c += 2) {
-    prefetch_ahead(w + c * 32);  // once per 64 bytes
+    for (int r = 0; r < NR; ++r) prefetch_ahead(w + r * row_stride + c * 32);  // once per 64 bytes of each row
     chunk(c, true, acc0);
     chunk(c + 1, true, acc1);
   }
   if (c < full) chunk(c++, true, acc0);
   if (c < chunks) chunk(c, false, acc1);
-  for (int b = 0; b < NB; ++b) out[b] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[b], acc1[b]));
+  for (int k = 0; k < NR * NB; ++k) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[k], acc1[k]));
 }
 
 #else  // the same integer sums, each scaled and added in plain loops
@@ -724,25 +778,27 @@ inline void row_int8_a16(const int8_t* w, const Int16Activations& a, int64_t b0,
   }
 }
 
-template <int NB>
-inline void row_int4_a16(const uint8_t* w, const Int16Activations& a, int64_t b0, int64_t in, const float* scales,
-                         int64_t group, float* out) {
-  for (int b = 0; b < NB; ++b) {
-    float s = 0;
-    for (int64_t c = 0; c < a.chunks; ++c) {
-      const int64_t at = (b0 + b) * a.chunks + c;
-      for (int half = 0; half < 2 && c * 64 + half * 32 < in; ++half) {
-        int32_t d = 0;
-        for (int j = 0; j < 16; ++j) {
-          const uint8_t byte = w[c * 32 + half * 16 + j];
-          d += (byte & 0x0F) * a.q[at * 64 + half * 16 + j] + (byte >> 4) * a.q[at * 64 + 32 + half * 16 + j];
+template <int NR, int NB>
+inline void rows_int4_a16(const uint8_t* w, int64_t row_stride, const Int16Activations& a, int64_t b0, int64_t in,
+                          const float* scales, int64_t scale_stride, int64_t group, float* out) {
+  for (int r = 0; r < NR; ++r)
+    for (int b = 0; b < NB; ++b) {
+      float s = 0;
+      for (int64_t c = 0; c < a.chunks; ++c) {
+        const int64_t at = (b0 + b) * a.chunks + c;
+        for (int half = 0; half < 2 && c * 64 + half * 32 < in; ++half) {
+          int32_t d = 0;
+          for (int j = 0; j < 16; ++j) {
+            const uint8_t byte = w[r * row_stride + c * 32 + half * 16 + j];
+            d += (byte & 0x0F) * a.q[at * 64 + half * 16 + j] + (byte >> 4) * a.q[at * 64 + 32 + half * 16 + j];
+          }
+          for (int lane = 0; lane < 8; ++lane) d += a.off[at * 16 + half * 8 + lane];
+          const float sw = scales[r * scale_stride + (c * 64 + half * 32) / group];
+          s += static_cast<float>(d) * (sw * a.sx[at * 16 + half * 8]);
         }
-        for (int lane = 0; lane < 8; ++lane) d += a.off[at * 16 + half * 8 + lane];
-        s += static_cast<float>(d) * (scales[(c * 64 + half * 32) / group] * a.sx[at * 16 + half * 8]);
       }
+      out[r * NB + b] = s;
     }
-    out[b] = s;
-  }
 }
 
 #endif
@@ -768,11 +824,15 @@ torch::Tensor gemv_int4_a16(const torch::Tensor& x, const torch::Tensor& packed,
   const Int16Activations a = int16_activations(x.data_ptr<float>(), x.size(0), in, true);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
-  return run_rows(x, packed.size(0), grain, residual, [=, &a](int64_t r, int64_t b0, int64_t nb, float* tile) {
-#define CALL(N) row_int4_a16<N>(wp + r * (in / 2), a, b0, in, sp + r * groups, group, tile)
+  const auto tile = [=, &a](int64_t r, int64_t b0, int64_t nb, float* out) {
+#define CALL(N) rows_int4_a16<1, N>(wp + r * (in / 2), in / 2, a, b0, in, sp + r * groups, groups, group, out)
     LABKIT_TILE_DISPATCH(nb, CALL)
 #undef CALL
-  });
+  };
+  const auto streams = [=, &a](int64_t r, int64_t run, float* out) {  // rows r, r + run, ... of a batch of one
+    rows_int4_a16<kStreams, 1>(wp + r * (in / 2), run * (in / 2), a, 0, in, sp + r * groups, run * groups, group, out);
+  };
+  return run_rows(x, packed.size(0), grain, residual, tile, streams);
 }
 
 // The streaming-read roof: sum a large float32 tensor with the same threads and the same row split, 16 lanes of
