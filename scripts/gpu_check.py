@@ -7,7 +7,8 @@ It runs, in order: the hardware probe (``labkit.measure.hardware``: the roof not
 (``pytest -m cuda``), every notebook in GPU mode at smoke sizes (nbval, a few at a time), decode bandwidth use (MBU)
 of a ~1B preset in bfloat16 at batch 1 and 64 (eager and with CUDA graphs, for each ``--attention-backend``), decode
 attention alone (the PyTorch paths and the Triton kernel of notebook 11, by batch and context length, against the
-roof), and async scheduling + CUDA graphs repeated (a stability check: the same tokens every run). It writes one
+roof), async scheduling + CUDA graphs repeated (a stability check: the same tokens every run), and the quantized
+decode GEMV (notebook 14's int8 / int4 weights on Triton's kernels, against the 16-bit layer). It writes one
 JSON and one Markdown report, both naming the hardware, to ``docs/benchmarks/gpu/`` (or ``--out DIR``). Design
 goal: under 8 minutes on one H100/H200-class GPU. ``--dry-run`` runs the same plan on the CPU with a small preset,
 1-2 decode steps and one notebook, skipping what needs CUDA with the reason recorded (the test suite runs it).
@@ -258,6 +259,73 @@ def check_triton_precision(plan: Plan) -> dict:
             "dot_precision": dot_precision(torch.float32), "interpreter": is_interpreting()}
 
 
+def check_quantized_gemv(plan: Plan, roof: DeviceRoof) -> dict:
+    """Batch-1 decode GEMVs over int8 and int4 (group 32) weights, the Triton kernels CUDA decode runs
+    (``labkit.core.quant.triton_gemv``), against the 16-bit layer (``F.linear``) and the path without a kernel
+    (dequantize, then ``F.linear``), on a GPU preset's layer shapes: ms (median), GB/s of the bytes each reads, and
+    the largest difference from x times the dequantized weight. The dry run: one small shape under the interpreter."""
+    from torch.nn import functional as F
+
+    from labkit.core.quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+    from labkit.core.quant.linear import dequantize, triton_gemv
+
+    kernels = triton_gemv()
+    if kernels is None:
+        raise Skipped("needs the triton package")
+    from labkit.core.attention.triton_decode import is_interpreting
+
+    if plan.device != "cuda" and not is_interpreting():
+        raise Skipped("Triton was imported without its interpreter and there is no GPU: run with --dry-run")
+    dev, dtype = torch.device(plan.device), getattr(torch, plan.dtype)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(8192, 2048), (2048, 8192), (128256, 2048)] if plan.device == "cuda" else [(96, 128)]
+    iters = 50 if plan.device == "cuda" else 2
+
+    def timed(fn: Callable[[], torch.Tensor]) -> float:
+        fn()
+        times = []
+        for _ in range(iters):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return sorted(times)[len(times) // 2]
+
+    def measure(out: int, n_in: int) -> list[dict]:
+        w = torch.randn(out, n_in, generator=gen) * 0.02
+        (q8, s8), (p4, s4) = quantize_int8(w), quantize_int4(w, 32)
+        x = torch.randn(1, n_in, generator=gen).to(dev, dtype)
+        refs = {"int8": dequantize_int8(q8, s8), "int4-g32": dequantize_int4(p4, s4, 32)}
+        q8, s8, p4, s4, w16 = q8.to(dev), s8.to(dev), p4.to(dev), s4.to(dev), w.to(dev, dtype)
+        calls = {f"F.linear ({plan.dtype})": (lambda: F.linear(x, w16), w16.numel() * w16.element_size(), None),
+                 "int8, Triton": (lambda: kernels.gemv_quantized(x, q8, s8, "int8", 0), q8.numel() + s8.numel() * 4,
+                                  "int8"),
+                 "int4-g32, Triton": (lambda: kernels.gemv_quantized(x, p4, s4, "int4", 32),
+                                      p4.numel() + s4.numel() * 4, "int4-g32"),
+                 "int8, dequantize + F.linear": (lambda: F.linear(x, dequantize(q8, s8, "int8", 0, dtype)),
+                                                 q8.numel() + s8.numel() * 4, "int8")}
+        rows = []
+        for name, (fn, nbytes, ref) in calls.items():
+            seconds = timed(fn)
+            diff = None
+            if ref is not None:
+                want = x.float().cpu() @ refs[ref].T
+                diff = float((fn().float().cpu() - want).abs().max() / want.abs().max().clamp(min=1e-12))
+            rows.append({"shape": f"{out} x {n_in}", "path": name, "ms": seconds * 1e3,
+                         "gb_per_s": nbytes / seconds / 1e9, "share_of_roof": nbytes / seconds / roof.memory_bandwidth,
+                         "max_rel_diff": diff})
+        return rows
+
+    rows = [row for out, n_in in shapes for row in measure(out, n_in)]
+    worst = max(r["max_rel_diff"] for r in rows if r["max_rel_diff"] is not None)
+    tolerance = 2e-2 if dtype != torch.float32 else 1e-5  # 16-bit x and output: about 3 significant digits
+    return {"status": "passed" if worst <= tolerance else "failed", "rows": rows, "tolerance": tolerance,
+            "interpreter": is_interpreting()}
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
 
@@ -316,6 +384,16 @@ def markdown(report: dict) -> str:
             lines += [f"The same work synchronously: median {sync:.2f} s over {len(stable['sync_seconds'])} runs; "
                       f"async scheduling took {took / sync:.2f}x that (below 1: the host's planning hid behind the "
                       "device's work; the synchronous runs went first, not interleaved)."]
+    gemv = by_name.get("quantized GEMV", {})
+    if gemv.get("rows"):
+        lines += ["", "## Quantized decode GEMV (batch 1)", "",
+                  "Triton's int8 / int4 kernels (`labkit.core.quant.triton_gemv`) against the 16-bit layer and the "
+                  "path without a kernel; GB/s: the bytes each reads over its time; difference: the largest from x "
+                  f"times the dequantized weight, over the output's largest (tolerance {gemv['tolerance']})"
+                  f"{'; under the interpreter' if gemv['interpreter'] else ''}.", "",
+                  "| shape | path | ms | GB/s | share of roof | difference |", "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['shape']} | {r['path']} | {r['ms']:.4g} | {r['gb_per_s']:.3g} | {r['share_of_roof']:.2g} | "
+                  f"{'-' if r['max_rel_diff'] is None else format(r['max_rel_diff'], '.2g')} |" for r in gemv["rows"]]
     return "\n".join(lines) + "\n"
 
 
@@ -380,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     run("decode attention", lambda: attention_kernel_rows(plan.device, plan.dtype, roof().memory_bandwidth,
                                                           args.dry_run))
     run("async + graphs stability", lambda: check_stability(plan))
+    run("quantized GEMV", lambda: check_quantized_gemv(plan, roof()))
     report["complete"] = True
     write()
     print(f"wrote {args.out / stem}.json and .md in {report['seconds']:.0f} s")

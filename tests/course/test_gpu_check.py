@@ -24,7 +24,8 @@ def test_dry_run_writes_both_reports(tmp_path: Path) -> None:
     assert report["dry_run"] and report["hardware"]["device"] == "cpu" and report["hardware"]["name"]
     checks = {c["name"]: c for c in report["checks"]}
     assert list(checks) == ["hardware probe", "CUDA tests", "kernel registers (sm_90)", "triton float32 precision",
-                            "notebooks", "decode MBU", "decode attention", "async + graphs stability"]
+                            "notebooks", "decode MBU", "decode attention", "async + graphs stability",
+                            "quantized GEMV"]
     assert report["complete"]
     assert checks["CUDA tests"]["status"] == "skipped" and "needs a CUDA GPU" in checks["CUDA tests"]["reason"]
     assert all(c["status"] == "passed" for name, c in checks.items() if name != "CUDA tests"), checks
@@ -50,10 +51,15 @@ def test_dry_run_writes_both_reports(tmp_path: Path) -> None:
     assert registers["spilling"] == 0 and {r["head_dim"] for r in registers["rows"]} == {64, 128}
     precision = checks["triton float32 precision"]["detail"]
     assert precision["dot_precision"] == "ieee" and precision["max_abs_diff"] <= 1e-4 and precision["interpreter"]
+    gemv = checks["quantized GEMV"]["detail"]  # the Triton int8 / int4 kernels, under the interpreter
+    assert {r["path"] for r in gemv["rows"]} == {"F.linear (float32)", "int8, Triton", "int4-g32, Triton",
+                                                 "int8, dequantize + F.linear"}
+    assert all(r["gb_per_s"] > 0 for r in gemv["rows"]) and gemv["interpreter"]
+    assert all(r["max_rel_diff"] is None or r["max_rel_diff"] <= gemv["tolerance"] for r in gemv["rows"])
     text = (tmp_path / "dry-run.md").read_text(encoding="utf-8")
     assert text.startswith(f"# GPU check: {report['hardware']['name']}")
     for section in ("## Hardware", "## Checks", "## Notebooks (smoke sizes)", "## Decode MBU", "## Decode attention",
-                    "## Triton kernel registers (sm_90", "## Stability"):
+                    "## Triton kernel registers (sm_90", "## Stability", "## Quantized decode GEMV (batch 1)"):
         assert section in text
     assert "| CUDA tests | skipped |" in text and "dry run on the CPU" in text
 
@@ -92,10 +98,11 @@ def test_a_failed_probe_skips_what_needs_it_and_the_report_grows_as_it_goes(tmp_
     report = json.loads((tmp_path / "dry-run.json").read_text(encoding="utf-8"))
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["hardware probe"]["status"] == "failed" and "no roof today" in checks["hardware probe"]["reason"]
-    for name in ("decode MBU", "decode attention"):
+    for name in ("decode MBU", "decode attention", "quantized GEMV"):
         assert checks[name]["status"] == "skipped" and "hardware probe" in checks[name]["reason"]
     assert seen["check_kernel_registers"] == ["hardware probe", "CUDA tests"]
-    assert seen["check_stability"] == list(checks)[:-1] and report["complete"]
+    names = list(checks)
+    assert seen["check_stability"] == names[:names.index("async + graphs stability")] and report["complete"]
     assert "| decode MBU | skipped |" in (tmp_path / "dry-run.md").read_text(encoding="utf-8")
 
 

@@ -3,13 +3,17 @@
 Its buffers are ``qweight`` (int8 (out, in), or uint8 (out, in / 2) for int4: labkit.core.quant.int4's packing)
 and ``scales`` (float32: (out,) or (out, in / group_size)), plus the float ``bias`` if the layer had one; they are in
 ``state_dict`` under the layer's name (``...q_proj.qweight``). A call with few rows on a CPU in float32 (decode) runs
-labkit's GEMV kernel (``labkit.core.quant.gemv``), which reads the packed bytes and widens them in registers; any
-other call (prefill, another device or dtype, no compiler) dequantizes the weight for that call and runs
-``F.linear``. ``QuantizedMergedLinear`` is ``MergedLinear``'s counterpart (q, k, v or gate, up in one call): its
-layers' buffers are views into one merged tensor. Introduced in notebook 14 (``14_quantization``).
+labkit's GEMV kernel (``labkit.core.quant.gemv``), which reads the packed bytes and widens them in registers; on
+CUDA, the Triton kernels of ``labkit.core.quant.triton_gemv`` do the same; any other call (prefill, another device
+or dtype, no compiler, no Triton) dequantizes the weight for that call and runs ``F.linear``.
+``QuantizedMergedLinear`` is ``MergedLinear``'s counterpart (q, k, v or gate, up in one call): its layers' buffers
+are views into one merged tensor. Introduced in notebook 14 (``14_quantization``).
 """
 
 from __future__ import annotations
+
+import functools
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -23,8 +27,9 @@ from labkit.core.quant.weights import Quantizer, dequantize_weight, quantize_wei
 def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str, group_size: int,
                      bias: torch.Tensor | None, activations: str = "float") -> torch.Tensor:
     """(..., in) -> (..., out): the GEMV kernel for decode-shaped calls on a CPU in float32 (``activations="int16"``:
-    the weights times x rounded to int16, ``"int8"``: int4 weights times x rounded to int8), else dequantize and
-    ``F.linear`` in x's dtype."""
+    the weights times x rounded to int16, ``"int8"``: int4 weights times x rounded to int8) or on CUDA (the Triton
+    kernels, x as it is: ``activations`` picks among the CPU's kernels only), else dequantize and ``F.linear`` in x's
+    dtype."""
     n_in = qweight.shape[1] * (2 if method == "int4" else 1)
     rows = x.numel() // n_in
     if (x.device.type == "cpu" and x.dtype == torch.float32 and rows <= gemv.MAX_KERNEL_ROWS
@@ -32,10 +37,36 @@ def quantized_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
         x2 = x.reshape(rows, n_in)  # (B, in)
         kernel = getattr(gemv, gemv_kernel_name(method, activations))
         y = kernel(x2, qweight, scales) if method == "int8" else kernel(x2, qweight, scales, group_size)  # (B, out)
-        if bias is not None:
-            y = y + bias
-        return y.reshape(*x.shape[:-1], -1)
-    return F.linear(x, dequantize(qweight, scales, method, group_size, x.dtype), bias)
+    elif triton_gemv_applies(x.device.type, x.dtype, rows, method, group_size) and triton_gemv() is not None:
+        y = triton_gemv().gemv_quantized(x.reshape(rows, n_in).contiguous(), qweight, scales, method,  # type: ignore
+                                         group_size)  # (B, out)
+    else:
+        return F.linear(x, dequantize(qweight, scales, method, group_size, x.dtype), bias)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], -1)
+
+
+TRITON_GEMV_ROWS = 16  # labkit.core.quant.triton_gemv.MAX_ROWS (that module imports triton: not imported here)
+
+
+def triton_gemv_applies(device_type: str, dtype: torch.dtype, rows: int, method: str, group_size: int) -> bool:
+    """Whether a call runs the Triton GEMV kernels: a decode-shaped call (few rows) on CUDA in a float dtype, int8
+    weights or int4 in groups of 32, 64 or 128. Every other call dequantizes and runs F.linear."""
+    return (device_type == "cuda" and dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and rows <= TRITON_GEMV_ROWS and (method == "int8" or group_size in (32, 64, 128)))
+
+
+@functools.cache
+def triton_gemv() -> ModuleType | None:
+    """``labkit.core.quant.triton_gemv`` where Triton imports, else None (those calls dequantize and F.linear)."""
+    from labkit.core.attention import triton_missing
+
+    if triton_missing() is not None:
+        return None
+    from labkit.core.quant import triton_gemv as kernels
+
+    return kernels
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, method: str, group_size: int,

@@ -563,8 +563,10 @@ NOTES = """\
 * KV perplexity rounds K and V in the model's own causal attention (`RoundTripKV`), exactly as `QuantizedKVPool`
   writes and reads them, rather than scoring through the engine (which computes logits for the last position only);
   the engine's int8/fp8 pools are tested for greedy agreement in tests/core/quant.
-* Not measured here: anything on a GPU (no GPU on this machine: no Triton int4/int8 GEMV kernel was written, and
-  `torch._weight_int8pack_mm` was not timed on CUDA).
+* Not measured here: anything on a GPU. On CUDA, decode-shaped calls run Triton int8 / int4 GEMV kernels
+  (`labkit/core/quant/triton_gemv.py`), checked on the CPU under Triton's interpreter and compiled ahead of time for
+  sm_80 and sm_90 without register spills; `scripts/gpu_check.py` times them against the 16-bit layer when a GPU is
+  lent (`torch._weight_int8pack_mm` was not timed).
 * The roof is measured in every decode round (the format table's shares are per round, over that round's roof),
   in the kernel table's rounds (its shares), and once before the run; the most of all of them is the roof of the step
   split and of the speed-up bounds. A VM's memory bandwidth can drift with its host's other guests, which the load
