@@ -115,3 +115,28 @@ def test_quantized_matmul_runs_the_triton_path_with_its_bias_and_shape(monkeypat
     want = torch.nn.functional.linear(x[None], dequantize_int4(packed, scales, 32), bias)
     assert calls == ["int4"] and got.shape == (1, 3, 40)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("method,group", [("int8", 0), ("int4", 32), ("int4", 128)])
+def test_on_a_gpu_decode_calls_run_the_compiled_kernels(method: str, group: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA (``scripts/gpu_check.py`` runs ``pytest -m cuda``): a QuantizedLinear's decode call takes the Triton
+    path, compiled, and gives x times the dequantized weight within bfloat16's rounding."""
+    import labkit.core.quant.linear as linear
+    from labkit.core.quant import QuantizationConfig, QuantizedLinear
+
+    calls, kernels = [], linear.triton_gemv()
+    original = kernels.gemv_quantized
+    monkeypatch.setattr(kernels, "gemv_quantized", lambda *args: calls.append(args[3]) or original(*args))
+
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(2048, 1000, bias=False)
+    config = QuantizationConfig(method, group_size=group) if group else QuantizationConfig(method)
+    layer = QuantizedLinear.from_linear(dense, config).cuda()
+    x = torch.randn(2, 2048, device="cuda", dtype=torch.bfloat16)
+    want = x.float() @ layer.dequantized_weight(torch.float32).T
+    got = layer(x)
+    assert calls == [method] and got.dtype == torch.bfloat16 and got.is_cuda
+    assert float((got.float() - want).abs().max() / want.abs().max()) < 2e-2
