@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 # First: importing triton_decode chooses Triton's interpreter where there is no CUDA device (before triton loads).
-from labkit.core.attention.triton_decode import is_interpreting
+# Its dot_precision: float32 x multiplies in IEEE float32 (TF32 would round it to 10 bits), 16-bit x as it is.
+from labkit.core.attention.triton_decode import dot_precision, is_interpreting
 
 INTERPRETING = is_interpreting()  # whether the kernels below run in Python (the CPU) or compiled (a GPU)
 
@@ -90,11 +91,6 @@ def gemv_int4_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_x, stride_y, GR
         acc += part * s[None, :]
     tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """float32 inputs multiply in IEEE float32 (TF32 would round x to 10 bits); 16-bit ones as they are."""
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def gemv_quantized(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, method: str,
