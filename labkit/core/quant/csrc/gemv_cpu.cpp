@@ -299,7 +299,7 @@ torch::Tensor run_rows(const torch::Tensor& x, int64_t rows, int64_t grain,
   auto y = res == nullptr ? torch::empty({rows, batch}, x.options()) : torch::empty({batch, rows}, x.options());
   float* yp = y.data_ptr<float>();
   if constexpr (!std::is_same_v<StreamsFn, NoStreams>) {
-    if (batch == 1) {  // (1, out) and (out, 1) are the same memory: y[r] (+ res[r])
+    if (batch == 1) {
       at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
         const int64_t run = run_length(begin, end);
         float out[kStreams];
@@ -310,10 +310,8 @@ torch::Tensor run_rows(const torch::Tensor& x, int64_t rows, int64_t grain,
           } else {
             for (int64_t s = 0; r + s * run < end; ++s) tile_fn(r + s * run, 0, 1, out + s);
           }
-          for (int64_t s = 0; s < kStreams && r + s * run < end; ++s) {
-            const int64_t rs = r + s * run;
-            yp[rs] = res == nullptr ? out[s] : res[rs] + out[s];
-          }
+          for (int64_t s = 0; s < kStreams && r + s * run < end; ++s)
+            store_tile(out + s, yp, res, r + s * run, 0, 1, 1, rows);
         }
       });
       return res == nullptr ? y.t() : y;
